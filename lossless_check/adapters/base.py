@@ -1,0 +1,52 @@
+"""What an adapter is: it builds a real candidate generator around the fixed-logits stubs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+import torch
+
+from ..scenarios import Scenario
+from ..stubs import FixedLogitsLM
+
+
+@dataclass
+class DraftContext:
+    """Everything an adapter may use to build a generator for one case."""
+
+    scenario: Scenario
+    generator_class: type
+    generation_config: Any  # the GenerationConfig generate() prepared (captured)
+    processors: Any  # the LogitsProcessorList generate() built (captured)
+    target: FixedLogitsLM
+    prompt_ids: torch.LongTensor
+
+
+class DraftSession(Protocol):
+    def draft(self, input_ids: torch.LongTensor) -> tuple[torch.LongTensor, torch.Tensor | None]:
+        """Call the real ``get_candidates`` as ``_assisted_decoding`` would for this input."""
+
+
+class GeneratorAdapter:
+    """Drives one family of ``transformers`` candidate generators (and their subclasses)."""
+
+    #: Class name in ``transformers.generation.candidate_generator``.
+    name: str = ""
+    #: Drafter table kinds this family can express (a block drafter cannot condition on its own drafts).
+    drafter_kinds: tuple[str, ...] = ("iid", "per_position", "markov")
+
+    def installed_class(self) -> type | None:
+        from transformers.generation import candidate_generator
+
+        return getattr(candidate_generator, self.name, None)
+
+    def session(self, ctx: DraftContext) -> DraftSession:
+        raise NotImplementedError
+
+
+class FunctionSession:
+    """A session that is just a function of ``input_ids``."""
+
+    def __init__(self, draft: Callable[[torch.LongTensor], tuple[torch.LongTensor, torch.Tensor | None]]):
+        self.draft = draft

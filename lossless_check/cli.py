@@ -1,0 +1,158 @@
+"""``lossless-check`` command line: ``run`` and ``list``.
+
+Exit codes: 0 every case lossless; 1 at least one case not lossless (or a generator error);
+2 bad usage or input; 3 internal error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .errors import UsageError
+
+EXIT_OK, EXIT_NOT_LOSSLESS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2
+        raise UsageError(message)
+
+
+def _probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must lie strictly between 0 and 1")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="lossless-check", description="Statistical losslessness checks of speculative decoding.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    run = sub.add_parser("run", help="run losslessness checks")
+    run.add_argument("--generator", action="append", metavar="NAME|module:attr",
+                     help="generator to check (repeatable; default: every built-in with an adapter)")
+    run.add_argument("--warpers", action="append", metavar="k=v,k=v",
+                     help="a warper stack as GenerationConfig kwargs (repeatable); 'none' for plain sampling")
+    run.add_argument("--matrix", choices=("smoke", "default", "full"), default=None,
+                     help="a named set of warper stacks (default when no --warpers: default)")
+    run.add_argument("--mode", choices=("step",), default="step")
+    run.add_argument("--scenario", default="markov8", help="fixed-logits scenario (markov8, iid8)")
+    run.add_argument("--samples", type=_positive_int, default=20_000, help="trials per case (default 20000)")
+    run.add_argument("--alpha", type=_probability, default=1e-6, help="family-wise false-failure rate (default 1e-6)")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--json", metavar="PATH", help="write the JSON report here")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    sub.add_parser("list", help="generators in the installed transformers and their adapters; warper matrices")
+    return parser
+
+
+def _cases(args):
+    from .adapters import resolve_generator
+    from .matrix import DEFAULT_GENERATORS, MATRICES
+    from .runner import Case
+    from .scenarios import SCENARIOS
+    from .warpers import parse_warpers
+
+    scenario = SCENARIOS.get(args.scenario)
+    if scenario is None:
+        raise UsageError(f"unknown scenario {args.scenario!r}; known: {', '.join(SCENARIOS)}")
+    generators = [resolve_generator(g) for g in (args.generator or DEFAULT_GENERATORS)]
+    stacks = [parse_warpers(w) for w in args.warpers or []]
+    if args.matrix or not stacks:
+        stacks += MATRICES[args.matrix or "default"]
+    return [Case(g, w, args.mode, scenario) for g in generators for w in stacks]
+
+
+def _run(args) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from .report import print_table, write_json
+    from .runner import run_case, decide, RunResult
+    from .warpers import capture_processors  # noqa: F401  (fail on a broken install before the run)
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    cases = _cases(args)
+    console = Console(stderr=True)
+    alpha_case = args.alpha / len(cases)
+    results = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=console, disable=args.quiet, transient=True) as progress:
+        task = progress.add_task("trials", total=len(cases) * args.samples)
+        for case in cases:
+            progress.update(task, description=f"{case.generator.display_name[-40:]} [{case.warper_spec}]")
+            results.append(run_case(case, args.samples, args.seed, alpha_case, lambda k: progress.advance(task, k)))
+    decide(results, args.alpha)
+    result = RunResult(results, args.alpha, args.seed, args.samples)
+    print_table(result, Console(width=None if sys.stdout.isatty() else 160))
+    if args.json:
+        write_json(result, args.json)
+    return result.exit_code
+
+
+def _list() -> int:
+    from rich.console import Console
+    from rich.table import Table
+    from transformers.generation import candidate_generator as cg
+
+    from .adapters import ADAPTERS
+    from .compat import versions
+    from .matrix import MATRICES
+    from .warpers import format_warpers
+
+    table = Table(title=f"candidate generators in transformers {versions()['transformers_version']}",
+                  title_justify="left")
+    table.add_column("generator")
+    table.add_column("adapter")
+    names = sorted(n for n, obj in vars(cg).items()
+                   if isinstance(obj, type) and issubclass(obj, cg.CandidateGenerator) and obj is not cg.CandidateGenerator)
+    for name in sorted(set(names) | set(ADAPTERS)):
+        if name in ADAPTERS:
+            status = "yes" if name in names else "yes (generator not installed: skipped)"
+        else:
+            status = "no adapter yet"
+        table.add_row(name, status)
+    console = Console()
+    console.print(table)
+    for matrix, stacks in MATRICES.items():
+        console.print(f"matrix {matrix}: " + "; ".join(format_warpers(s) for s in stacks), highlight=False)
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command == "list":
+            return _list()
+        return _run(args)
+    except UsageError as exc:
+        print(f"lossless-check: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_INTERNAL
+    except Exception as exc:  # noqa: BLE001 - anything else is our bug: say so, keep the traceback
+        import traceback
+
+        traceback.print_exc()
+        print(f"lossless-check: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""The few places where transformers releases differ in what the harness calls."""
+
+from __future__ import annotations
+
+import inspect
+from functools import lru_cache
+
+
+@lru_cache(maxsize=None)
+def speculative_sampling():
+    """The installed ``_speculative_sampling`` as ``f(candidate_ids, candidate_logits, gamma, new_logits, is_done)``.
+
+    Releases up to 5.17 take ``is_done_candidate`` (the candidate already hit a stopping criterion);
+    later ones crop after the call instead.
+    """
+    from transformers.generation.utils import _speculative_sampling
+
+    takes_is_done = "is_done_candidate" in inspect.signature(_speculative_sampling).parameters
+
+    def call(candidate_ids, candidate_logits, gamma, new_logits, is_done=False):
+        kwargs = {"is_done_candidate": is_done} if takes_is_done else {}
+        return _speculative_sampling(candidate_ids, candidate_logits, gamma, new_logits, **kwargs)
+
+    return call
+
+
+def versions() -> dict[str, str]:
+    import torch
+    import transformers
+
+    return {"transformers_version": transformers.__version__, "torch_version": torch.__version__}

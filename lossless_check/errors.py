@@ -1,0 +1,9 @@
+"""Exceptions that carry a one-line message meant for a person."""
+
+
+class UsageError(Exception):
+    """Bad input from the user: a warper spec, a table, an option. The CLI exits 2."""
+
+
+class GeneratorFailure(Exception):
+    """The generator under test raised or returned malformed output. The case's verdict is ``error``."""

@@ -1,0 +1,87 @@
+"""Exact laws: what plain sampling with the same config emits, and the acceptance law of a round.
+
+Everything here is float64 and goes through the installed ``LogitsProcessorList`` (captured from
+``generate()``), applied to the fixed logits of the scenario: the reference for "lossless" is always
+plain sampling with the same generation config.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from .scenarios import Scenario
+from .stats import AcceptanceLaw
+from .tables import FixedLogits
+
+#: Acceptance-law enumeration visits at most this many drafted prefixes.
+MAX_ENUMERATED_PREFIXES = 50_000
+
+
+class ExactLaws:
+    """Exact next-token laws of the processed target and drafter after ``prompt + prefix``."""
+
+    def __init__(self, scenario: Scenario, processors):
+        self.scenario = scenario
+        self.processors = processors
+        self._target = lru_cache(maxsize=None)(lambda prefix: self._law(scenario.target, prefix))
+        self._drafter = lru_cache(maxsize=None)(lambda prefix: self._law(scenario.drafter, prefix))
+
+    def _law(self, table: FixedLogits, prefix: tuple[int, ...]) -> np.ndarray:
+        history = self.scenario.prompt + prefix
+        logits = torch.tensor(table.logits(len(prefix), history[-1]), dtype=torch.float64)[None, :]
+        if self.processors is not None and len(self.processors) > 0:
+            logits = self.processors(torch.tensor([history], dtype=torch.long), logits)
+        probs = torch.softmax(logits.to(torch.float64), dim=-1)[0].numpy()
+        probs.setflags(write=False)
+        return probs
+
+    def target(self, prefix: tuple[int, ...] = ()) -> np.ndarray:
+        """Law of the next token after ``prompt + prefix`` under plain sampling (processed target)."""
+        return self._target(tuple(prefix))
+
+    def drafter(self, prefix: tuple[int, ...] = ()) -> np.ndarray:
+        """Law a correct drafter samples the next draft from: the processed drafter table."""
+        return self._drafter(tuple(prefix))
+
+    def acceptance_law(self, gamma: int) -> AcceptanceLaw | None:
+        """Exact law of ``n_matches`` when drafts come from :meth:`drafter` (``None`` if too large).
+
+        Draft ``j`` is accepted with probability ``a_j = sum_x min(p_j(x), q_j(x))`` given the
+        accepted prefix, and an accepted token ``x`` has weight ``min(p_j(x), q_j(x))``.
+        """
+        law = np.zeros(gamma + 1)
+        visited = 0
+        stack: list[tuple[tuple[int, ...], float]] = [((), 1.0)]
+        while stack:
+            prefix, weight = stack.pop()
+            visited += 1
+            if visited > MAX_ENUMERATED_PREFIXES:
+                return None
+            if len(prefix) == gamma:
+                law[gamma] += weight
+                continue
+            overlap = np.minimum(self.target(prefix), self.drafter(prefix))
+            law[len(prefix)] += weight * (1.0 - overlap.sum())
+            for token in np.flatnonzero(overlap > 0):
+                stack.append((prefix + (int(token),), weight * float(overlap[token])))
+        return AcceptanceLaw(law)
+
+
+def first_token_law(p: np.ndarray, q_sampled: np.ndarray, q_returned: np.ndarray) -> np.ndarray:
+    """Exact law of the first emitted token when drafts come from ``q_sampled`` but ``q_returned`` is the q.
+
+    Algorithm 1 accepts draft ``x`` with probability ``min(1, p(x) / q_returned(x))`` and otherwise
+    samples ``normalize(max(p - q_returned, 0))``. With ``q_sampled == q_returned`` this is ``p``:
+    the gap is what a generator that breaks the q contract costs (a negative control's true TV).
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(q_returned > 0, np.minimum(1.0, p / q_returned), 1.0)
+    accepted = q_sampled * ratio
+    residual = np.maximum(p - q_returned, 0.0)
+    rejected = 1.0 - accepted.sum()
+    if residual.sum() > 0:
+        return accepted + rejected * residual / residual.sum()
+    return accepted / accepted.sum()

@@ -1,0 +1,384 @@
+"""Step mode: one verification round per trial, through the real generator and the real verifier.
+
+Per trial, as ``_assisted_decoding`` does: ``get_candidates()``; the target's logits for every
+candidate position, processed by the real ``LogitsProcessorList`` with the candidate prefix as
+history; the installed ``_speculative_sampling``. The emitted tokens and ``n_matches`` are recorded
+and compared with the exact laws.
+
+What is tested per case (one hypothesis: "this round is lossless"):
+
+- *support* (exact): no emitted token has target probability 0, and no draft token has
+  probability 0 under the ``candidate_logits`` returned with it;
+- *output law at every position* ``j = 1..gamma+1``: among trials that reached ``j`` (all earlier
+  drafts accepted), the ``j``-th emitted token follows ``p_j(. | prefix)``. This holds for a
+  correct round whatever the drafter does, and it is what losslessness means position by position.
+  The ``gamma + 1`` position tests are combined by Bonferroni into the case's p-value.
+
+The acceptance law (``n_matches`` over ``0..gamma``, from ``a_i = sum min(p_i, q_i)`` with the
+processed drafter table as ``q``) is a diagnostic: it says whether the drafter samples from the
+``q`` a correct generator would use, which explains failures but does not define them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from .adapters import DraftContext, ResolvedGenerator
+from .compat import speculative_sampling
+from .errors import GeneratorFailure
+from .expected import ExactLaws
+from .scenarios import DEFAULT, Scenario
+from .stats import Stratum, bonferroni_min, holm_correction, law_test, tv_confidence_interval
+from .stubs import fixed_logits_lm
+from .warpers import capture_processors, format_warpers
+
+#: Power at which ``tv_detectable`` is stated.
+POWER = 0.99
+#: ``max_new_tokens`` of the generation config in step mode: far enough that no candidate is cut.
+STEP_MAX_NEW_TOKENS = 64
+
+
+@dataclass(frozen=True)
+class Case:
+    """One generator under one warper stack in one mode, on one scenario."""
+
+    generator: ResolvedGenerator
+    warpers: dict[str, Any]
+    mode: str = "step"
+    scenario: Scenario = DEFAULT
+
+    @property
+    def warper_spec(self) -> str:
+        return format_warpers(self.warpers)
+
+    @property
+    def key(self) -> str:
+        return f"{self.generator.spec}|{self.warper_spec}|{self.mode}|{self.scenario.name}"
+
+
+def case_seed(seed: int, case: Case) -> int:
+    """Seed of a case's random stream: a function of the run seed and the case alone."""
+    digest = hashlib.sha256(f"{seed}|{case.key}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+@dataclass
+class Observations:
+    """What step-mode trials emitted. ``emitted[t, j]`` is -1 past the end of trial ``t``."""
+
+    emitted: np.ndarray
+    n_matches: np.ndarray
+    gamma: int
+    impossible_drafts: int
+    seconds: float
+
+
+@dataclass
+class CaseResult:
+    """A case's statistics and verdict (the JSON report's ``cases`` entries)."""
+
+    generator: str
+    warpers: str
+    mode: str
+    scenario: str
+    verdict: str = "lossless"
+    samples: int = 0
+    tv: float | None = None
+    tv_ci: tuple[float, float] | None = None
+    tv_detectable: float | None = None
+    p_value: float | None = None
+    p_value_adjusted: float | None = None
+    alpha_case: float | None = None
+    chi2: float | None = None
+    chi2_dof: int | None = None
+    chi2_p_value: float | None = None
+    g_p_value: float | None = None
+    acceptance_rate: float | None = None
+    expected_acceptance_rate: float | None = None
+    acceptance_law: list[float] | None = None
+    expected_acceptance_law: list[float] | None = None
+    acceptance_p_value: float | None = None
+    failed_checks: list[str] = field(default_factory=list)
+    positions: list[dict] = field(default_factory=list)
+    reason: str = ""
+    seconds: float = 0.0
+    samples_per_second: float | None = None
+    exact_failure: bool = False
+
+    def to_dict(self) -> dict:
+        out = dict(self.__dict__)
+        out.pop("exact_failure")
+        if self.tv_ci is not None:
+            out["tv_ci"] = list(self.tv_ci)
+        return out
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
+def check_candidates(input_ids, candidate_ids, candidate_logits, vocab_size: int, max_length: int) -> None:
+    """Raise :class:`GeneratorFailure` if a generator's output is malformed."""
+    if not isinstance(candidate_ids, torch.Tensor) or candidate_ids.dim() != 2 or candidate_ids.shape[0] != 1:
+        shape = tuple(candidate_ids.shape) if isinstance(candidate_ids, torch.Tensor) else type(candidate_ids).__name__
+        raise GeneratorFailure(f"candidate_input_ids must be a (1, length) tensor, got {shape}")
+    length = input_ids.shape[1]
+    if candidate_ids.shape[1] < length or not torch.equal(candidate_ids[:, :length].cpu(), input_ids.cpu()):
+        raise GeneratorFailure("candidate_input_ids does not start with the input_ids it was given")
+    if candidate_ids.shape[1] > max_length:
+        raise GeneratorFailure(f"candidates run past max_length ({candidate_ids.shape[1]} > {max_length})")
+    new = candidate_ids[0, length:]
+    if new.numel() and (int(new.min()) < 0 or int(new.max()) >= vocab_size):
+        raise GeneratorFailure(f"candidate token outside the vocabulary [0, {vocab_size})")
+    if candidate_logits is None:
+        return
+    gamma = candidate_ids.shape[1] - length
+    if not isinstance(candidate_logits, torch.Tensor) or tuple(candidate_logits.shape) != (1, gamma, vocab_size):
+        shape = tuple(candidate_logits.shape) if isinstance(candidate_logits, torch.Tensor) else "not a tensor"
+        raise GeneratorFailure(f"candidate_logits has shape {shape}, expected {(1, gamma, vocab_size)}")
+    if torch.isnan(candidate_logits).any():
+        raise GeneratorFailure("candidate_logits contains NaN")
+    if torch.isposinf(candidate_logits).any():
+        raise GeneratorFailure("candidate_logits contains +inf")
+    if torch.isneginf(candidate_logits).all(dim=-1).any():
+        raise GeneratorFailure("candidate_logits has a row that is -inf everywhere")
+
+
+class StepCase:
+    """Builds the stubs, the processors and the real generator of one case; runs its trials."""
+
+    def __init__(self, case: Case):
+        from transformers import LogitsProcessorList  # noqa: F401  (imported for the side effect of failing early)
+
+        self.case = case
+        scenario = case.scenario
+        self.prompt_ids = torch.tensor([scenario.prompt], dtype=torch.long)
+        self.target = fixed_logits_lm(scenario.target, prompt_length=len(scenario.prompt))
+        self.processors, self.generation_config = capture_processors(
+            self.target, self.prompt_ids, case.warpers, STEP_MAX_NEW_TOKENS
+        )
+        self.laws = ExactLaws(scenario, self.processors)
+        self.verify = speculative_sampling()
+
+    def context(self) -> DraftContext:
+        return DraftContext(
+            scenario=self.case.scenario,
+            generator_class=self.case.generator.generator_class,
+            generation_config=self.generation_config,
+            processors=self.processors,
+            target=self.target,
+            prompt_ids=self.prompt_ids,
+        )
+
+    def collect(self, samples: int, seed: int, progress: Callable[[int], None] | None = None) -> Observations:
+        torch.manual_seed(seed)
+        scenario = self.case.scenario
+        vocab, prompt = scenario.vocab_size, self.prompt_ids
+        length = prompt.shape[1]
+        max_length = self.generation_config.max_length
+        try:
+            session = self.case.generator.adapter.session(self.context())
+        except Exception as exc:  # noqa: BLE001 - the generator under test failed to build
+            raise GeneratorFailure(f"building the generator raised {_one_line(exc)}") from exc
+        emitted = None
+        n_matches = np.zeros(samples, dtype=np.int64)
+        impossible = 0
+        started = time.perf_counter()
+        with torch.no_grad():
+            for t in range(samples):
+                try:
+                    candidate_ids, candidate_logits = session.draft(prompt)
+                except Exception as exc:  # noqa: BLE001
+                    raise GeneratorFailure(f"get_candidates raised {_one_line(exc)}") from exc
+                check_candidates(prompt, candidate_ids, candidate_logits, vocab, max_length)
+                gamma = candidate_ids.shape[1] - length
+                if candidate_logits is None or gamma == 0:
+                    raise GeneratorFailure(
+                        "returned no candidate_logits: step mode applies to drafters that sample, use generate mode"
+                    )
+                if emitted is None:
+                    emitted = np.full((samples, gamma + 1), -1, dtype=np.int64)
+                elif gamma != emitted.shape[1] - 1:
+                    raise GeneratorFailure(f"draft length changed between identical rounds ({emitted.shape[1] - 1} -> {gamma})")
+                candidate_logits = candidate_logits.to(torch.float32)
+                drafts = candidate_ids[0, length:]
+                q_of_drafts = torch.softmax(candidate_logits[0], dim=-1).gather(-1, drafts[:, None])
+                impossible += int((q_of_drafts == 0).sum())
+                new_logits = self.target(candidate_ids).logits[:, -gamma - 1 :].to(torch.float32)
+                for i in range(gamma + 1):
+                    new_logits[:, i, :] = self.processors(candidate_ids[:, : length + i], new_logits[:, i, :])
+                valid_tokens, n = self.verify(candidate_ids, candidate_logits, gamma, new_logits)
+                tokens = valid_tokens[0].numpy()
+                emitted[t, : len(tokens)] = tokens
+                n_matches[t] = int(n)
+                if progress is not None:
+                    progress(1)
+        return Observations(emitted, n_matches, emitted.shape[1] - 1, impossible, time.perf_counter() - started)
+
+    def position_strata(self, obs: Observations, position: int) -> list[Stratum]:
+        """Strata for output position ``position`` (0-based): trials grouped by their exact target law."""
+        reached = obs.emitted[:, position] >= 0
+        groups: dict[bytes, list] = {}
+        prefixes = defaultdict(list)
+        for row in obs.emitted[reached, : position + 1]:
+            prefixes[tuple(int(x) for x in row[:position])].append(int(row[position]))
+        vocab = self.case.scenario.vocab_size
+        for prefix, tokens in prefixes.items():
+            law = self.laws.target(prefix)
+            entry = groups.setdefault(law.tobytes(), [law, np.zeros(vocab, dtype=np.int64)])
+            entry[1] += np.bincount(tokens, minlength=vocab)
+        return [Stratum(counts, law) for law, counts in groups.values()]
+
+
+def analyse(step: StepCase, obs: Observations, alpha_case: float) -> CaseResult:
+    """Statistics of one case at its share ``alpha_case`` of the family error rate."""
+    case = step.case
+    gamma = obs.gamma
+    result = CaseResult(case.generator.display_name, case.warper_spec, case.mode, case.scenario.name)
+    result.samples = len(obs.n_matches)
+    result.seconds = obs.seconds
+    result.samples_per_second = result.samples / obs.seconds if obs.seconds > 0 else None
+    result.alpha_case = alpha_case
+    alpha_position = alpha_case / (gamma + 1)
+
+    position_pvalues = []
+    violations = 0
+    for j in range(gamma + 1):
+        strata = step.position_strata(obs, j)
+        test = law_test(strata, alpha_position, POWER)
+        violations += test.support_violations
+        position_pvalues.append(test.pvalue)
+        entry = {
+            "position": j + 1,
+            "samples": test.n,
+            "strata": len(strata),
+            "tv": test.statistic,
+            "tv_threshold": test.threshold_tv,
+            "tv_detectable": test.tv_detectable,
+            "p_value": test.pvalue,
+            "chi2_p_value": test.chi2_pvalue,
+            "support_violations": test.support_violations,
+        }
+        result.positions.append(entry)
+        if j == 0:
+            result.tv, result.tv_detectable = test.statistic, test.tv_detectable
+            result.tv_ci = tv_confidence_interval(strata)
+            result.chi2, result.chi2_dof, result.chi2_p_value, result.g_p_value = (
+                test.chi2, test.chi2_dof, test.chi2_pvalue, test.g_pvalue)
+    result.p_value = bonferroni_min(position_pvalues)
+
+    if violations:
+        result.failed_checks.append("support")
+    if obs.impossible_drafts:
+        result.failed_checks.append("impossible_draft")
+    result.exact_failure = bool(violations or obs.impossible_drafts)
+    for entry in result.positions:
+        if entry["p_value"] <= alpha_position:
+            result.failed_checks.append(f"output_law@{entry['position']}")
+
+    result.acceptance_rate = float(obs.n_matches.mean() / gamma)
+    result.acceptance_law = (np.bincount(obs.n_matches, minlength=gamma + 1) / len(obs.n_matches)).tolist()
+    law = step.laws.acceptance_law(gamma)
+    if law is not None:
+        result.expected_acceptance_rate = law.mean_acceptance_rate
+        result.expected_acceptance_law = law.probabilities.tolist()
+        counts = np.bincount(obs.n_matches, minlength=gamma + 1)
+        acceptance = law_test([Stratum(counts, law.probabilities)], alpha_case, POWER)
+        result.acceptance_p_value = acceptance.pvalue
+        if acceptance.rejects(alpha_case):
+            result.failed_checks.append("acceptance_law")
+    return result
+
+
+def explain(result: CaseResult) -> str:
+    """One-line reason for a verdict."""
+    parts = []
+    if "support" in result.failed_checks:
+        parts.append("emitted a token the target gives probability 0")
+    if "impossible_draft" in result.failed_checks:
+        parts.append("drafted a token its returned q gives probability 0")
+    bad = [p for p in result.positions if f"output_law@{p['position']}" in result.failed_checks]
+    for p in bad:
+        parts.append(
+            f"output law at position {p['position']}: TV {p['tv']:.4f} > threshold {p['tv_threshold']:.4f} "
+            f"(p={p['p_value']:.2g}, n={p['samples']})"
+        )
+    if result.verdict == "lossless" and not parts:
+        parts.append(f"TV {result.tv:.4f}; would detect TV >= {result.tv_detectable:.4f} with power {POWER}")
+    if result.expected_acceptance_rate is not None:
+        excess = result.acceptance_rate - result.expected_acceptance_rate
+        flag = " (acceptance law differs from theory)" if "acceptance_law" in result.failed_checks else ""
+        parts.append(
+            f"acceptance rate {result.acceptance_rate:.3f} vs theory {result.expected_acceptance_rate:.3f} "
+            f"({excess:+.3f}){flag}"
+        )
+    return "; ".join(parts)
+
+
+@dataclass
+class RunResult:
+    """All cases of a run, with the family-wise decision applied."""
+
+    cases: list[CaseResult]
+    alpha_family: float
+    seed: int
+    samples: int
+
+    @property
+    def exit_code(self) -> int:
+        if any(c.verdict == "not_lossless" for c in self.cases):
+            return 1
+        if any(c.verdict == "error" for c in self.cases):
+            return 3 if all(c.verdict == "error" for c in self.cases) else 1
+        return 0
+
+
+def decide(results: list[CaseResult], alpha_family: float) -> None:
+    """Holm across the tested cases: verdicts controlling the family-wise false-failure rate."""
+    tested = [r for r in results if r.p_value is not None and r.verdict not in ("error", "skipped")]
+    adjusted = holm_correction([r.p_value for r in tested])
+    for r, adj in zip(tested, adjusted):
+        r.p_value_adjusted = float(adj)
+        r.verdict = "not_lossless" if (r.exact_failure or adj <= alpha_family) else "lossless"
+        # Holm rejects at least what Bonferroni does: checks flagged at alpha_case stand.
+        if r.verdict == "lossless":
+            r.failed_checks = [c for c in r.failed_checks if c == "acceptance_law"]
+        r.reason = explain(r)
+
+
+def run_case(case: Case, samples: int, seed: int, alpha_case: float,
+             progress: Callable[[int], None] | None = None) -> CaseResult:
+    """Run and analyse one case; generator failures become verdict ``error``, absent generators ``skipped``."""
+    base = CaseResult(case.generator.display_name, case.warper_spec, case.mode, case.scenario.name)
+    if case.generator.generator_class is None:
+        base.verdict, base.p_value = "skipped", None
+        base.reason = f"{case.generator.adapter.name} is not in the installed transformers"
+        return base
+    if case.scenario.drafter.kind not in case.generator.adapter.drafter_kinds:
+        base.verdict = "skipped"
+        base.reason = f"a {case.scenario.drafter.kind} drafter table cannot drive {case.generator.adapter.name}"
+        return base
+    try:
+        step = StepCase(case)
+        obs = step.collect(samples, case_seed(seed, case), progress)
+    except GeneratorFailure as exc:
+        base.verdict, base.reason = "error", str(exc)
+        return base
+    return analyse(step, obs, alpha_case)
+
+
+def run(cases: list[Case], samples: int, alpha: float, seed: int,
+        progress: Callable[[int], None] | None = None) -> RunResult:
+    """Run every case and apply the family-wise decision at rate ``alpha``."""
+    alpha_case = alpha / max(1, len(cases))
+    results = [run_case(c, samples, seed, alpha_case, progress) for c in cases]
+    decide(results, alpha)
+    return RunResult(results, alpha, seed, samples)

@@ -1,0 +1,146 @@
+"""Fixed-logits stand-ins for the target and drafter models.
+
+``FixedLogitsLM`` is a real ``PreTrainedModel`` + ``GenerationMixin``: ``generate()``, the assisted
+decoding loop and every candidate generator that calls the assistant's ``generate()`` run unmodified
+on it. Its next-token logits come from a :class:`~lossless_check.tables.FixedLogits` table, so the
+exact distribution at every position is known. It keeps a real ``DynamicCache`` (one layer holding
+the input token ids as "keys"), so cache cropping after a rejection happens for real: a model that
+reads its history from the cache gives wrong logits when a crop is wrong.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers.cache_utils import DynamicCache
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from .tables import FixedLogits
+
+
+class FixedLogitsConfig(PretrainedConfig):
+    model_type = "lossless_check_fixed_logits"
+
+    def __init__(
+        self,
+        vocab_size: int = 8,
+        table_kind: str = "iid",
+        table_rows: list | None = None,
+        prompt_length: int = 1,
+        **kwargs,
+    ):
+        self.vocab_size = vocab_size
+        self.table_kind = table_kind
+        self.table_rows = table_rows if table_rows is not None else [[0.0] * vocab_size]
+        self.prompt_length = prompt_length
+        # Shape facts that generate() and the cache classes read.
+        self.hidden_size = vocab_size
+        self.num_hidden_layers = 1
+        self.num_attention_heads = 1
+        self.num_key_value_heads = 1
+        self.head_dim = 1
+        kwargs.setdefault("tie_word_embeddings", False)
+        super().__init__(**kwargs)
+
+    @property
+    def table(self) -> FixedLogits:
+        return FixedLogits(self.table_kind, np.asarray(self.table_rows, dtype=np.float64))
+
+
+class FixedLogitsLM(PreTrainedModel, GenerationMixin):
+    """A causal LM whose logits at each position come from a fixed table.
+
+    The logits predicting the token at absolute position ``t + 1`` are
+    ``table.logits(t + 1 - prompt_length, input_ids[t])``. The token history is read back from the
+    KV cache, exactly as an attention layer would, so a stale or mis-cropped cache shows up.
+    """
+
+    config_class = FixedLogitsConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    _supports_cache_class = True
+    _is_stateful = False
+
+    def __init__(self, config: FixedLogitsConfig):
+        super().__init__(config)
+        table = config.table
+        self.register_buffer("table_rows", torch.tensor(table.rows, dtype=torch.float32), persistent=False)
+        # A real (identity) output projection: hidden states are the logits. DFlash-style generators
+        # project a drafter's hidden states through this layer.
+        self.lm_head = nn.Linear(config.vocab_size, config.vocab_size, bias=False)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.vocab_size)
+        with torch.no_grad():
+            self.lm_head.weight.copy_(torch.eye(config.vocab_size))
+            self.embed_tokens.weight.copy_(torch.eye(config.vocab_size))
+        self.post_init()
+
+    def _init_weights(self, module):  # weights are fixed by construction
+        pass
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def table_logits(self, token_positions: torch.Tensor, previous_tokens: torch.Tensor) -> torch.Tensor:
+        """Logits rows for predicted tokens at absolute ``token_positions``, given the tokens before them."""
+        kind = self.config.table_kind
+        if kind == "iid":
+            idx = torch.zeros_like(token_positions)
+        elif kind == "per_position":
+            idx = (token_positions - self.config.prompt_length).clamp(0, self.table_rows.shape[0] - 1)
+        else:
+            idx = previous_tokens
+        return self.table_rows[idx]
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: DynamicCache | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | list | None = None,
+        logits_to_keep: int = 0,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        batch, new_len = input_ids.shape
+        past_len = past_key_values.get_seq_length() if past_key_values is not None else 0
+        history = input_ids
+        if past_key_values is not None:
+            token_states = input_ids.to(torch.float32)[:, None, :, None]
+            keys, _ = past_key_values.update(token_states, token_states, 0)
+            # The cache's "keys" are the token ids themselves: the history the model attends to.
+            history = keys[:, 0, :, 0].round().long()
+        positions = torch.arange(past_len, past_len + new_len, device=input_ids.device).expand(batch, new_len)
+        previous = history[:, past_len : past_len + new_len]
+        logits = self.table_logits(positions + 1, previous)
+        if logits_to_keep:
+            logits = logits[:, -logits_to_keep:]
+        hidden = logits
+        hidden_states = None
+        if output_hidden_states:
+            hidden_states = (hidden, hidden)
+        return CausalLMOutputWithPast(
+            logits=logits, past_key_values=past_key_values if use_cache is not False else None, hidden_states=hidden_states
+        )
+
+
+def fixed_logits_lm(table: FixedLogits, prompt_length: int, **generation_defaults) -> FixedLogitsLM:
+    """Build a :class:`FixedLogitsLM` for ``table``; extra keywords set its generation config."""
+    config = FixedLogitsConfig(
+        vocab_size=table.vocab_size,
+        table_kind=table.kind,
+        table_rows=table.rows.tolist(),
+        prompt_length=prompt_length,
+    )
+    model = FixedLogitsLM(config).eval()
+    model.generation_config.pad_token_id = None
+    for key, value in generation_defaults.items():
+        setattr(model.generation_config, key, value)
+    return model

@@ -1,0 +1,52 @@
+"""The CLI contract: exit codes, one-line errors, the JSON schema."""
+
+import json
+
+import pytest
+
+from lossless_check.cli import main
+
+MUTANT = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["run", "--warpers", "top_k=banana"], "not a number"),
+        (["run", "--generator", "NoSuchGenerator"], "unknown generator"),
+        (["run", "--generator", "no_such_module:Thing"], "cannot import module"),
+        (["run", "--generator", "fixtures.mutants.dflash_raw_logits:Nope"], "has no attribute"),
+        (["run", "--alpha", "2"], "strictly between 0 and 1"),
+        (["run", "--samples", "0"], "at least 1"),
+        (["run", "--scenario", "nope"], "unknown scenario"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_mutant_exits_1_and_lossless_exits_0_with_schema(tmp_path, capsys):
+    out = tmp_path / "out.json"
+    code = main(["run", "--generator", "DFlashTokenCandidateGenerator", "--generator", MUTANT, "--warpers", "top_k=3",
+                 "--scenario", "iid8", "--samples", "5000", "--json", str(out), "--quiet"])
+    assert code == 1
+    doc = json.loads(out.read_text())
+    for key in ("transformers_version", "torch_version", "alpha_family", "seed", "cases"):
+        assert key in doc
+    verdicts = {c["generator"]: c["verdict"] for c in doc["cases"]}
+    assert verdicts == {"DFlashTokenCandidateGenerator": "lossless", "DFlashReturnsRawLogits": "not_lossless"}
+    for case in doc["cases"]:
+        for key in ("generator", "warpers", "mode", "verdict", "samples", "tv", "tv_detectable", "p_value",
+                    "acceptance_rate", "expected_acceptance_rate", "reason", "tv_ci", "alpha_case", "failed_checks"):
+            assert key in case
+    table = capsys.readouterr().out
+    assert "not_lossless" in table and "DFlashReturnsRawLogits" in table
+
+
+def test_list_shows_installed_generators(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "AssistedCandidateGenerator" in out and "DFlashTokenCandidateGenerator" in out

@@ -1,0 +1,79 @@
+"""Step mode end to end: real generators pass, the negative control fails with the claimed power."""
+
+import numpy as np
+import pytest
+import torch
+
+from lossless_check.adapters import resolve_generator
+from lossless_check.expected import ExactLaws, first_token_law
+from lossless_check.runner import Case, run
+from lossless_check.scenarios import IID
+from lossless_check.stubs import fixed_logits_lm
+from lossless_check.warpers import capture_processors
+
+MUTANT = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
+
+
+def _processors(scenario, warpers):
+    target = fixed_logits_lm(scenario.target, len(scenario.prompt))
+    processors, _ = capture_processors(target, torch.tensor([scenario.prompt]), warpers, 64)
+    return processors
+
+
+def test_acceptance_law_matches_closed_form_for_iid_tables():
+    laws = ExactLaws(IID, _processors(IID, {}))
+    p, q = laws.target(), laws.drafter()
+    a = np.minimum(p, q).sum()
+    expected = [1 - a, a * (1 - a), a * a * (1 - a), a**3]
+    assert laws.acceptance_law(3).probabilities == pytest.approx(expected, abs=1e-12)
+
+
+def test_first_token_law_is_the_target_when_q_is_honest():
+    laws = ExactLaws(IID, _processors(IID, {"top_k": 3}))
+    p, q = laws.target(), laws.drafter()
+    assert first_token_law(p, q, q) == pytest.approx(p, abs=1e-12)
+
+
+def raw_logits_bug_tv(warpers):
+    """Exact TV of the first emitted token when the drafter samples processed q but returns raw q."""
+    laws = ExactLaws(IID, _processors(IID, warpers))
+    raw = torch.softmax(torch.tensor(IID.drafter.rows[0]), -1).numpy()
+    return 0.5 * np.abs(first_token_law(laws.target(), laws.drafter(), raw) - laws.target()).sum()
+
+
+@pytest.mark.parametrize("generator, samples", [("AssistedCandidateGenerator", 1500), ("DFlashTokenCandidateGenerator", 3000)])
+def test_builtin_generators_are_lossless(generator, samples):
+    result = run([Case(resolve_generator(generator), {"top_k": 3}, scenario=IID)], samples, 1e-6, seed=0)
+    case = result.cases[0]
+    assert case.verdict == "lossless", case.reason
+    assert case.expected_acceptance_rate is not None
+    assert "acceptance_law" not in case.failed_checks  # the stubs draft from the q the theory assumes
+
+
+def test_raw_logits_mutant_is_flagged_with_the_claimed_power():
+    samples = 5000
+    result = run([Case(resolve_generator(MUTANT), {"top_k": 3}, scenario=IID)], samples, 1e-6, seed=0)
+    case = result.cases[0]
+    true_tv = raw_logits_bug_tv({"top_k": 3})
+    # The engine claims detection with power 0.99 above tv_detectable; the bug is above it.
+    assert true_tv > case.tv_detectable
+    assert case.verdict == "not_lossless"
+    assert "output_law@1" in case.failed_checks
+    assert case.acceptance_rate > case.expected_acceptance_rate  # inflated p/q ratios
+    assert "TV" in case.reason and "acceptance rate" in case.reason
+
+
+def test_mutant_is_honest_without_warpers():
+    """With no warper that changes q, raw and processed logits agree: the mutant is then lossless."""
+    result = run([Case(resolve_generator(MUTANT), {"top_k": 0}, scenario=IID)], 1500, 1e-6, seed=1)
+    assert result.cases[0].verdict == "lossless", result.cases[0].reason
+
+
+def test_same_seed_same_result():
+    def once():
+        r = run([Case(resolve_generator("DFlashTokenCandidateGenerator"), {"top_k": 3}, scenario=IID)], 300, 1e-6, 5)
+        d = r.cases[0].to_dict()
+        d.pop("seconds"), d.pop("samples_per_second")
+        return d
+
+    assert once() == once()
