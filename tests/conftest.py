@@ -1,5 +1,13 @@
+import os
+
 import numpy as np
 import pytest
+
+# Two cores are shared by pytest-xdist workers: one torch thread each avoids oversubscription.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
 
 
 @pytest.fixture
