@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--samples", type=_positive_int, default=20_000, help="trials per case (default 20000)")
     run.add_argument("--alpha", type=_probability, default=1e-6, help="family-wise false-failure rate (default 1e-6)")
     run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--workers", type=_positive_int, default=1, help="processes (results do not depend on it)")
     run.add_argument("--json", metavar="PATH", help="write the JSON report here")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     sub.add_parser("list", help="generators in the installed transformers and their adapters; warper matrices")
@@ -62,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _cases(args):
     from .adapters import resolve_generator
-    from .matrix import DEFAULT_GENERATORS, MATRICES
+    from .matrix import DEFAULT_GENERATORS, matrix
     from .runner import Case
     from .scenarios import SCENARIOS
     from .warpers import parse_warpers
@@ -73,7 +74,7 @@ def _cases(args):
     generators = [resolve_generator(g) for g in (args.generator or DEFAULT_GENERATORS)]
     stacks = [parse_warpers(w) for w in args.warpers or []]
     if args.matrix or not stacks:
-        stacks += MATRICES[args.matrix or "default"]
+        stacks += matrix(args.matrix or "default")
     return [Case(g, w, args.mode, scenario) for g in generators for w in stacks]
 
 
@@ -82,7 +83,7 @@ def _run(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from .report import print_table, write_json
-    from .runner import run_case, decide, RunResult
+    from .runner import RunResult, decide, execute
     from .warpers import capture_processors  # noqa: F401  (fail on a broken install before the run)
 
     from transformers.utils import logging as hf_logging
@@ -91,13 +92,11 @@ def _run(args) -> int:
     cases = _cases(args)
     console = Console(stderr=True)
     alpha_case = args.alpha / len(cases)
-    results = []
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=console, disable=args.quiet, transient=True) as progress:
-        task = progress.add_task("trials", total=len(cases) * args.samples)
-        for case in cases:
-            progress.update(task, description=f"{case.generator.display_name[-40:]} [{case.warper_spec}]")
-            results.append(run_case(case, args.samples, args.seed, alpha_case, lambda k: progress.advance(task, k)))
+        task = progress.add_task(f"{len(cases)} cases", total=len(cases) * args.samples)
+        results = execute(cases, args.samples, args.seed, alpha_case, args.workers,
+                          lambda k: progress.advance(task, k))
     decide(results, args.alpha)
     result = RunResult(results, args.alpha, args.seed, args.samples)
     print_table(result, Console(width=None if sys.stdout.isatty() else 160))
@@ -113,7 +112,7 @@ def _list() -> int:
 
     from .adapters import ADAPTERS
     from .compat import versions
-    from .matrix import MATRICES
+    from .matrix import MATRIX_NAMES, available_catalog, matrix
     from .warpers import format_warpers
 
     table = Table(title=f"candidate generators in transformers {versions()['transformers_version']}",
@@ -130,8 +129,11 @@ def _list() -> int:
         table.add_row(name, status)
     console = Console()
     console.print(table)
-    for matrix, stacks in MATRICES.items():
-        console.print(f"matrix {matrix}: " + "; ".join(format_warpers(s) for s in stacks), highlight=False)
+    for entry in available_catalog():
+        history = " (history-dependent)" if entry.history_dependent else ""
+        console.print(f"warper {entry.option}: {format_warpers(entry.kwargs)}{history}", highlight=False)
+    for name in MATRIX_NAMES:
+        console.print(f"matrix {name}: {len(matrix(name))} warper stacks", highlight=False)
     return EXIT_OK
 
 

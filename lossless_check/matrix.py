@@ -1,25 +1,117 @@
-"""Which cases a run holds: generators x warper stacks x modes."""
+"""The warper catalog and the matrices of a run: generators x warper stacks.
+
+Each catalog entry is one sampling-relevant ``GenerationConfig`` option with a value that changes
+the target law of the default scenarios (a value that changes nothing tests nothing; the test suite
+asserts each one bites). History-dependent entries need drafted positions and a Markov target to
+mean anything: they are marked, and the default scenario (``markov8``) exercises them.
+"""
 
 from __future__ import annotations
 
+import itertools
+from dataclasses import dataclass
 from typing import Any
 
 from .adapters import ADAPTERS
 
-#: Warper stacks by matrix name. Each stack is a dict of GenerationConfig keyword arguments.
-MATRICES: dict[str, list[dict[str, Any]]] = {
-    "smoke": [{}, {"top_k": 3}],
-    "default": [
-        {},
-        {"temperature": 0.7},
-        {"top_k": 3},
-        {"top_p": 0.7},
-        {"min_p": 0.1},
-        {"top_k": 3, "temperature": 0.7},
-        {"top_p": 0.7, "temperature": 1.3},
-        {"repetition_penalty": 1.5},
-    ],
-}
-MATRICES["full"] = MATRICES["default"]
+#: Token used as end-of-sequence by the entries that need one (min_new_tokens, length penalty).
+EOS = 5
 
+
+@dataclass(frozen=True)
+class WarperEntry:
+    """One catalog entry: the option it is about and the kwargs that make it bite."""
+
+    option: str
+    kwargs: dict[str, Any]
+    history_dependent: bool = False
+
+
+CATALOG: tuple[WarperEntry, ...] = (
+    WarperEntry("temperature", {"temperature": 0.6}),
+    WarperEntry("top_k", {"top_k": 3}),
+    WarperEntry("top_p", {"top_p": 0.7}),
+    WarperEntry("min_p", {"min_p": 0.15}),
+    WarperEntry("typical_p", {"typical_p": 0.6}),
+    WarperEntry("epsilon_cutoff", {"epsilon_cutoff": 0.06}),
+    WarperEntry("eta_cutoff", {"eta_cutoff": 0.06}),
+    WarperEntry("top_h", {"top_h": 0.5}),
+    WarperEntry("repetition_penalty", {"repetition_penalty": 2.0}, history_dependent=True),
+    WarperEntry("no_repeat_ngram_size", {"no_repeat_ngram_size": 1}, history_dependent=True),
+    WarperEntry("bad_words_ids", {"bad_words_ids": [[2], [4, 1]]}, history_dependent=True),
+    WarperEntry("sequence_bias", {"sequence_bias": [[[1], 2.0], [[4, 2], -3.0]]}, history_dependent=True),
+    WarperEntry("suppress_tokens", {"suppress_tokens": [4]}),
+    WarperEntry("min_new_tokens", {"min_new_tokens": 2, "eos_token_id": EOS}, history_dependent=True),
+    WarperEntry(
+        "exponential_decay_length_penalty",
+        {"exponential_decay_length_penalty": (1, 2.0), "eos_token_id": EOS},
+        history_dependent=True,
+    ),
+)
+
+#: The warpers most users combine; the ``full`` matrix is their power set.
+MAIN_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "repetition_penalty")
+
+
+def available_catalog() -> list[WarperEntry]:
+    """Catalog entries whose option exists in the installed ``GenerationConfig``."""
+    from transformers import GenerationConfig
+
+    known = GenerationConfig().to_dict()
+    return [e for e in CATALOG if e.option in known]
+
+
+def _merge(entries) -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    for entry in entries:
+        merged.update(entry.kwargs)
+    return merged
+
+
+def pairwise_stacks(entries: list[WarperEntry]) -> list[dict[str, Any]]:
+    """Stacks in which every pair of entries appears together (a strength-2 covering of "both on").
+
+    Greedy: start a stack with the most-needed uncovered pair and add every entry that covers a
+    still-uncovered pair with everything already in the stack. Deterministic.
+    """
+    uncovered = {frozenset(p) for p in itertools.combinations(range(len(entries)), 2)}
+    stacks = []
+    while uncovered:
+        first = min(uncovered, key=lambda p: sorted(p))
+        chosen = sorted(first)
+        for i in range(len(entries)):
+            if i in chosen:
+                continue
+            if all(frozenset((i, j)) in uncovered for j in chosen) and len(chosen) < 4:
+                chosen.append(i)
+        for pair in itertools.combinations(chosen, 2):
+            uncovered.discard(frozenset(pair))
+        stacks.append(_merge(entries[i] for i in sorted(chosen)))
+    return stacks
+
+
+def matrix(name: str) -> list[dict[str, Any]]:
+    """Warper stacks of a named matrix.
+
+    - ``smoke``: plain sampling, top-k, temperature;
+    - ``default``: plain sampling, every catalog entry alone, and stacks covering every pair;
+    - ``full``: ``default`` plus the whole power set of the main warpers.
+    """
+    entries = available_catalog()
+    by_option = {e.option: e for e in entries}
+    if name == "smoke":
+        return [{}, by_option["top_k"].kwargs, by_option["temperature"].kwargs]
+    default = [{}] + [dict(e.kwargs) for e in entries] + pairwise_stacks(entries)
+    if name == "default":
+        return default
+    if name == "full":
+        main = [by_option[o] for o in MAIN_OPTIONS if o in by_option]
+        power_set = [
+            _merge(combo) for size in range(2, len(main) + 1) for combo in itertools.combinations(main, size)
+        ]
+        return default + [s for s in power_set if s not in default]
+    raise KeyError(name)
+
+
+MATRIX_NAMES = ("smoke", "default", "full")
 DEFAULT_GENERATORS: tuple[str, ...] = tuple(ADAPTERS)

@@ -22,8 +22,10 @@ processed drafter table as ``q``) is a diagnostic: it says whether the drafter s
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
 import time
 from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -63,10 +65,18 @@ class Case:
         return f"{self.generator.spec}|{self.warper_spec}|{self.mode}|{self.scenario.name}"
 
 
-def case_seed(seed: int, case: Case) -> int:
-    """Seed of a case's random stream: a function of the run seed and the case alone."""
-    digest = hashlib.sha256(f"{seed}|{case.key}".encode()).digest()
+#: Trials per work unit. Each chunk has its own seed, so results do not depend on the worker count.
+CHUNK = 1000
+
+
+def case_seed(seed: int, case: Case, chunk: int = 0) -> int:
+    """Seed of one chunk of a case's trials: a function of the run seed, the case and the chunk alone."""
+    digest = hashlib.sha256(f"{seed}|{case.key}|{chunk}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+def chunk_sizes(samples: int) -> list[int]:
+    return [min(CHUNK, samples - start) for start in range(0, samples, CHUNK)]
 
 
 @dataclass
@@ -78,6 +88,19 @@ class Observations:
     gamma: int
     impossible_drafts: int
     seconds: float
+
+    @classmethod
+    def concatenate(cls, parts: list["Observations"]) -> "Observations":
+        widths = {p.emitted.shape[1] for p in parts}
+        if len(widths) != 1:
+            raise GeneratorFailure(f"draft length changed between identical rounds ({sorted(w - 1 for w in widths)})")
+        return cls(
+            np.concatenate([p.emitted for p in parts]),
+            np.concatenate([p.n_matches for p in parts]),
+            parts[0].gamma,
+            sum(p.impossible_drafts for p in parts),
+            sum(p.seconds for p in parts),
+        )
 
 
 @dataclass
@@ -156,8 +179,6 @@ class StepCase:
     """Builds the stubs, the processors and the real generator of one case; runs its trials."""
 
     def __init__(self, case: Case):
-        from transformers import LogitsProcessorList  # noqa: F401  (imported for the side effect of failing early)
-
         self.case = case
         scenario = case.scenario
         self.prompt_ids = torch.tensor([scenario.prompt], dtype=torch.long)
@@ -354,31 +375,97 @@ def decide(results: list[CaseResult], alpha_family: float) -> None:
         r.reason = explain(r)
 
 
+def _skip_reason(case: Case) -> str | None:
+    if case.generator.generator_class is None:
+        return f"{case.generator.adapter.name} is not in the installed transformers"
+    if case.scenario.drafter.kind not in case.generator.adapter.drafter_kinds:
+        return f"a {case.scenario.drafter.kind} drafter table cannot drive {case.generator.adapter.name}"
+    return None
+
+
+_STEP_CASES: dict[str, StepCase] = {}
+
+
+def _step_case(case: Case) -> StepCase:
+    """One StepCase per case and process: stubs and processors are built once, not per chunk."""
+    if case.key not in _STEP_CASES:
+        _STEP_CASES.clear()  # keep only the case being worked on
+        _STEP_CASES[case.key] = StepCase(case)
+    return _STEP_CASES[case.key]
+
+
+def collect_chunk(case: Case, seed: int, chunk: int, size: int) -> Observations | GeneratorFailure:
+    """Trials of one chunk (a work unit, run in any process); a generator failure is returned, not raised."""
+    try:
+        return _step_case(case).collect(size, case_seed(seed, case, chunk))
+    except GeneratorFailure as exc:
+        return exc
+
+
+def _finish(case: Case, parts: list, alpha_case: float) -> CaseResult:
+    failures = [p for p in parts if isinstance(p, GeneratorFailure)]
+    result = CaseResult(case.generator.display_name, case.warper_spec, case.mode, case.scenario.name)
+    if failures:
+        result.verdict, result.reason = "error", str(failures[0])
+        return result
+    try:
+        obs = Observations.concatenate(parts)
+    except GeneratorFailure as exc:
+        result.verdict, result.reason = "error", str(exc)
+        return result
+    return analyse(_step_case(case), obs, alpha_case)
+
+
+def execute(cases: list[Case], samples: int, seed: int, alpha_case: float, workers: int = 1,
+            progress: Callable[[int], None] | None = None) -> list[CaseResult]:
+    """Run every case's trials in chunks, on ``workers`` processes; results do not depend on ``workers``."""
+    results: list[CaseResult | None] = [None] * len(cases)
+    units = []
+    for index, case in enumerate(cases):
+        reason = _skip_reason(case)
+        if reason is not None:
+            results[index] = CaseResult(case.generator.display_name, case.warper_spec, case.mode, case.scenario.name,
+                                        verdict="skipped", reason=reason)
+            continue
+        _step_case(case)  # builds the processors here first: bad warpers stop the run before any work
+        units += [(index, chunk, size) for chunk, size in enumerate(chunk_sizes(samples))]
+    parts: dict[int, dict[int, object]] = defaultdict(dict)
+    if workers <= 1:
+        for index, chunk, size in units:
+            parts[index][chunk] = collect_chunk(cases[index], seed, chunk, size)
+            if progress is not None:
+                progress(size)
+    else:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                 initializer=_worker_init) as pool:
+            futures = {pool.submit(collect_chunk, cases[i], seed, c, n): (i, c, n) for i, c, n in units}
+            for future in as_completed(futures):
+                index, chunk, size = futures[future]
+                parts[index][chunk] = future.result()
+                if progress is not None:
+                    progress(size)
+    for index, chunks in parts.items():
+        results[index] = _finish(cases[index], [chunks[c] for c in sorted(chunks)], alpha_case)
+    return results  # type: ignore[return-value]
+
+
+def _worker_init() -> None:
+    # Each worker owns one core: a torch thread pool per worker would oversubscribe.
+    torch.set_num_threads(1)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+
+
 def run_case(case: Case, samples: int, seed: int, alpha_case: float,
              progress: Callable[[int], None] | None = None) -> CaseResult:
-    """Run and analyse one case; generator failures become verdict ``error``, absent generators ``skipped``."""
-    base = CaseResult(case.generator.display_name, case.warper_spec, case.mode, case.scenario.name)
-    if case.generator.generator_class is None:
-        base.verdict, base.p_value = "skipped", None
-        base.reason = f"{case.generator.adapter.name} is not in the installed transformers"
-        return base
-    if case.scenario.drafter.kind not in case.generator.adapter.drafter_kinds:
-        base.verdict = "skipped"
-        base.reason = f"a {case.scenario.drafter.kind} drafter table cannot drive {case.generator.adapter.name}"
-        return base
-    try:
-        step = StepCase(case)
-        obs = step.collect(samples, case_seed(seed, case), progress)
-    except GeneratorFailure as exc:
-        base.verdict, base.reason = "error", str(exc)
-        return base
-    return analyse(step, obs, alpha_case)
+    """Run and analyse one case in this process (no family-wise decision)."""
+    return execute([case], samples, seed, alpha_case, 1, progress)[0]
 
 
 def run(cases: list[Case], samples: int, alpha: float, seed: int,
-        progress: Callable[[int], None] | None = None) -> RunResult:
+        progress: Callable[[int], None] | None = None, workers: int = 1) -> RunResult:
     """Run every case and apply the family-wise decision at rate ``alpha``."""
-    alpha_case = alpha / max(1, len(cases))
-    results = [run_case(c, samples, seed, alpha_case, progress) for c in cases]
+    results = execute(cases, samples, seed, alpha / max(1, len(cases)), workers, progress)
     decide(results, alpha)
     return RunResult(results, alpha, seed, samples)
