@@ -1,0 +1,346 @@
+"""Provenance mode: an exact, zero-variance check that the returned ``q`` is what was sampled from.
+
+While a real generator's ``get_candidates`` runs, the sampling primitives it may use are
+intercepted: ``torch.multinomial`` / ``Tensor.multinomial`` and
+``torch.distributions.Categorical.sample`` (sampled tokens: the probability rows they were given),
+``torch.argmax`` / ``Tensor.argmax`` over the vocabulary (deterministic tokens), and the noise
+sources of Gumbel-max sampling (``torch.rand``, ``torch.rand_like``, ``Tensor.uniform_``,
+``Tensor.exponential_``). Each draft token is matched to the draw that produced it, and the
+distribution it was drawn from is compared with ``softmax(candidate_logits)`` row by row.
+
+Only *vocabulary-wide* calls are recorded (last dimension equal to the vocabulary size): an argmax
+over an attention mask is not a token choice. A draft token that no recorded draw explains, or
+that several explain, is an *interception gap*, never a guess.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from .errors import GeneratorFailure
+from .runner import Case, StepCase, _one_line, check_candidates
+
+#: Largest total variation between the sampled row and ``softmax(returned candidate_logits)`` that
+#: still counts as equal. Both sides are float32 softmaxes of (ideally) the same float32 logits;
+#: different kernels (row-wise vs batched, fused vs not) differ by a few float32 ulps per token,
+#: relatively, so their total variation stays near 1e-6 whatever the vocabulary size (measured here:
+#: below 1e-7). Total variation bounds every per-token absolute difference, and a difference within
+#: it moves the acceptance probability sum_v min(p, q) by at most 1e-5, far below what any
+#: statistical run resolves.
+TOLERANCE = 1e-5
+
+#: Draw kinds. A ``sample`` is a draw from its recorded row; a later sample without replacement is
+#: not (the row's earlier draws were removed), so a draft token it produced cannot be checked.
+SAMPLE, ARGMAX, WITHOUT_REPLACEMENT, NOISE = "sample", "argmax", "sample_without_replacement", "noise"
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One recorded token choice (or, for ``noise``, a vocabulary-wide random tensor)."""
+
+    kind: str
+    token: int | None = None
+    row: torch.Tensor | None = None  # float64, normalised; only for sampled kinds
+
+
+def _arg(args, kwargs, index, name, default=None):
+    return args[index] if len(args) > index else kwargs.get(name, default)
+
+
+class Interception:
+    """Context manager recording the sampling primitives called while it is active.
+
+    Every patched function calls the original with the original arguments, so results and random
+    streams are exactly those of an un-intercepted run. Nested calls (``Categorical.sample`` calls
+    ``torch.multinomial``) are recorded once, at the outermost level.
+    """
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+        self.draws: list[Draw] = []
+        self._depth = 0
+        self._undo: list = []
+
+    def __enter__(self) -> "Interception":
+        from torch.distributions import Categorical
+
+        patches = [
+            (torch, "multinomial", self._multinomial),
+            (torch.Tensor, "multinomial", self._multinomial),
+            (Categorical, "sample", self._categorical),
+            (torch, "argmax", self._argmax),
+            (torch.Tensor, "argmax", self._argmax),
+            (torch, "rand", self._noise),
+            (torch, "rand_like", self._noise),
+            (torch.Tensor, "uniform_", self._noise),
+            (torch.Tensor, "exponential_", self._noise),
+        ]
+        for owner, name, record in patches:
+            self._patch(owner, name, record)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    def _patch(self, owner, name, record) -> None:
+        original = getattr(owner, name)
+        own = name in owner.__dict__  # Tensor methods live on TensorBase: restore by deleting
+
+        def wrapper(*args, **kwargs):
+            if self._depth:
+                return original(*args, **kwargs)
+            self._depth += 1
+            try:
+                out = original(*args, **kwargs)
+                record(out, args, kwargs)
+            finally:
+                self._depth -= 1
+            return out
+
+        setattr(owner, name, wrapper)
+        self._undo.append((lambda: setattr(owner, name, original)) if own else (lambda: delattr(owner, name)))
+
+    def _rows(self, probs: torch.Tensor) -> torch.Tensor | None:
+        if probs.dim() == 0 or probs.shape[-1] != self.vocab_size:
+            return None
+        rows = probs.detach().to(torch.float64).reshape(-1, self.vocab_size)
+        return rows / rows.sum(-1, keepdim=True)  # multinomial takes unnormalised weights
+
+    def _multinomial(self, out, args, kwargs) -> None:
+        rows = self._rows(_arg(args, kwargs, 0, "input"))
+        if rows is None:
+            return
+        replacement = _arg(args, kwargs, 2, "replacement", False)
+        tokens = out.reshape(rows.shape[0], -1).tolist()
+        for row, row_tokens in zip(rows, tokens):
+            for s, token in enumerate(row_tokens):
+                self.draws.append(Draw(SAMPLE if s == 0 or replacement else WITHOUT_REPLACEMENT, token, row))
+
+    def _categorical(self, out, args, kwargs) -> None:
+        rows = self._rows(args[0].probs)
+        if rows is None:
+            return
+        # ``out`` is sample_shape + batch_shape: one draw per (sample, batch row), in that order.
+        for sample in out.reshape(-1, rows.shape[0]).tolist():
+            self.draws.extend(Draw(SAMPLE, token, row) for token, row in zip(sample, rows))
+
+    def _argmax(self, out, args, kwargs) -> None:
+        scores = _arg(args, kwargs, 0, "input")
+        dim = _arg(args, kwargs, 1, "dim")
+        if not scores.is_floating_point() or scores.dim() == 0 or scores.shape[-1] != self.vocab_size:
+            return
+        if dim in (-1, scores.dim() - 1) or (dim is None and scores.numel() == self.vocab_size):
+            self.draws.extend(Draw(ARGMAX, token) for token in out.reshape(-1).tolist())
+
+    def _noise(self, out, args, kwargs) -> None:
+        if out.dim() and out.shape[-1] == self.vocab_size:
+            self.draws.append(Draw(NOISE))
+
+
+def match_draws(draws: list[Draw], drafts: list[int]) -> list[Draw] | str:
+    """The draw that produced each draft token, in order, or the reason no unambiguous match exists.
+
+    Sampling primitives only choose tokens, so they are tried first; argmax also serves other ends
+    (processors call it), so it is used only when the sampled draws cannot explain the drafts.
+    Every sampled draw must end up as a draft token: a sample that was discarded means the token
+    was not simply drawn from its row.
+    """
+    sampled = [d for d in draws if d.kind in (SAMPLE, WITHOUT_REPLACEMENT)]
+    choices = [d for d in draws if d.kind != NOISE]
+    for pool in (sampled, choices):
+        count, chosen = _embeddings(pool, drafts)
+        if count == 1:
+            break
+        if count > 1:
+            return "draws cannot be matched to draft tokens unambiguously"
+    else:
+        noise = " (vocabulary-wide random noise was drawn: Gumbel-max?)" if any(d.kind == NOISE for d in draws) else ""
+        return f"draft tokens {drafts} are not produced, in order, by the intercepted draws{noise}"
+    unused = len(sampled) - sum(d.kind != ARGMAX for d in chosen)
+    if unused:
+        return f"{unused} sampled token(s) were drawn but not drafted"
+    if any(d.kind == WITHOUT_REPLACEMENT for d in chosen):
+        return "a draft token was sampled without replacement after another: its law is not its row"
+    noisy = False
+    for d in draws:
+        noisy |= d.kind == NOISE
+        if noisy and d.kind == ARGMAX and any(d is c for c in chosen):
+            return "an argmax draft token followed vocabulary-wide random noise (Gumbel-max?): its law is unknown"
+    return chosen
+
+
+def _embeddings(pool: list[Draw], drafts: list[int]) -> tuple[int, list[Draw]]:
+    """Number of in-order matches of ``drafts`` into ``pool`` (capped at 2), and the match if unique."""
+    n, m = len(pool), len(drafts)
+    # ways[i][j]: matches of drafts[j:] into pool[i:], capped at 2.
+    ways = [[0] * (m + 1) for _ in range(n + 1)]
+    for i in range(n + 1):
+        ways[i][m] = 1
+    for i in range(n - 1, -1, -1):
+        for j in range(m - 1, -1, -1):
+            take = ways[i + 1][j + 1] if pool[i].token == drafts[j] else 0
+            ways[i][j] = min(2, ways[i + 1][j] + take)
+    if ways[0][0] != 1:
+        return ways[0][0], []
+    chosen, j = [], 0
+    for i in range(n):
+        if j < m and pool[i].token == drafts[j] and ways[i + 1][j + 1]:
+            chosen.append(pool[i])
+            j += 1
+    return 1, chosen
+
+
+@dataclass
+class PositionProvenance:
+    """Draft position ``position`` (1-based), worst case over the trials."""
+
+    position: int
+    rule: str  # "sampled", "argmax", or both joined by "+"
+    max_abs_diff: float  # max_v |q_returned(v) - q_sampled(v)|
+    tv: float  # total variation between the two
+    foreign_mass: float  # returned-q mass on tokens the drafter gives probability 0
+    inflation: float  # 1 / Z, Z = returned-q mass on the sampled support: acceptance ratios grow by it
+    consistent: bool
+
+
+@dataclass
+class ProvenanceResult:
+    """The provenance sub-verdict of one case."""
+
+    verdict: str  # "consistent" | "inconsistent" | "gap"
+    reason: str
+    positions: list[PositionProvenance] = field(default_factory=list)
+    trials: int = 0
+    tolerance: float = TOLERANCE
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def compare_row(draw: Draw, q_returned: torch.Tensor, position: int) -> PositionProvenance:
+    """Compare one draft's source with the float32 softmax of its returned logits row."""
+    q = q_returned.to(torch.float64)
+    if draw.kind == ARGMAX:
+        source = torch.zeros_like(q)
+        source[draw.token] = 1.0  # a deterministic token needs a point mass
+    else:
+        source = draw.row
+    diff = (q - source).abs()
+    tv = 0.5 * float(diff.sum())
+    support = source > 0
+    z = float(q[support].sum())
+    return PositionProvenance(
+        position=position,
+        rule="argmax" if draw.kind == ARGMAX else "sampled",
+        max_abs_diff=float(diff.max()),
+        tv=tv,
+        foreign_mass=float(q[~support].sum()),
+        inflation=1.0 / z if z > 0 else math.inf,
+        # The exact part: the verifier divides by q(token), which must not be 0.
+        consistent=tv <= TOLERANCE and float(q[draw.token]) > 0,
+    )
+
+
+def _worst(rows: list[PositionProvenance]) -> PositionProvenance:
+    return PositionProvenance(
+        position=rows[0].position,
+        rule="+".join(sorted({r.rule for r in rows})),
+        max_abs_diff=max(r.max_abs_diff for r in rows),
+        tv=max(r.tv for r in rows),
+        foreign_mass=max(r.foreign_mass for r in rows),
+        inflation=max(r.inflation for r in rows),
+        consistent=all(r.consistent for r in rows),
+    )
+
+
+def provenance_check(case: Case, trials: int = 3, seed: int = 0) -> ProvenanceResult:
+    """Draft ``trials`` times under interception and compare each draft's source with the returned q.
+
+    Verdicts: ``inconsistent`` if any draft position's returned q differs from what its token was
+    drawn from (beyond :data:`TOLERANCE`, or q(token) = 0); else ``gap`` if some draft token could
+    not be traced to one intercepted draw; else ``consistent``. The global CPU random state is left
+    as it was (the stubs run on CPU).
+
+    Raises :class:`GeneratorFailure` if the generator fails to build, raises, or returns malformed
+    candidates (the case's verdict is then ``error``, as in step mode). Callers skip the cases
+    :func:`~lossless_check.runner.run_case` skips.
+    """
+    if trials < 1:
+        raise ValueError("provenance_check needs at least one trial")
+    started = time.perf_counter()
+    step = StepCase(case)
+    vocab, prompt = case.scenario.vocab_size, step.prompt_ids
+    try:
+        session = case.generator.adapter.session(step.context())
+    except Exception as exc:  # noqa: BLE001 - the generator under test failed to build
+        raise GeneratorFailure(f"building the generator raised {_one_line(exc)}") from exc
+    by_position: dict[int, list[PositionProvenance]] = {}
+    gaps = []
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed)
+        for t in range(trials):
+            with Interception(vocab) as seen:
+                try:
+                    candidate_ids, candidate_logits = session.draft(prompt)
+                except Exception as exc:  # noqa: BLE001
+                    raise GeneratorFailure(f"get_candidates raised {_one_line(exc)}") from exc
+            check_candidates(prompt, candidate_ids, candidate_logits, vocab, step.generation_config.max_length)
+            if candidate_logits is None or candidate_ids.shape[1] == prompt.shape[1]:
+                raise GeneratorFailure("returned no candidate_logits: provenance applies to drafters that sample")
+            drafts = candidate_ids[0, prompt.shape[1]:].tolist()
+            matched = match_draws(seen.draws, drafts)
+            if isinstance(matched, str):
+                gaps.append(f"trial {t + 1}: {matched}")
+                continue
+            # The verifier's view of q: a float32 softmax of what was returned.
+            q_returned = torch.softmax(candidate_logits[0].to(torch.float32), dim=-1)
+            for j, draw in enumerate(matched):
+                by_position.setdefault(j + 1, []).append(compare_row(draw, q_returned[j], j + 1))
+    positions = [_worst(rows) for _, rows in sorted(by_position.items())]
+    result = ProvenanceResult("consistent", "", positions, trials, TOLERANCE, 0.0)
+    bad = [p for p in positions if not p.consistent]
+    if bad:
+        worst = max(bad, key=lambda p: p.tv)
+        result.verdict = "inconsistent"
+        result.reason = (
+            f"returned q is not the distribution the drafts were drawn from at position(s) "
+            f"{', '.join(str(p.position) for p in bad)}: TV {worst.tv:.4g} (max |diff| {worst.max_abs_diff:.4g}) "
+            f"> {TOLERANCE:g}"
+        )
+        if worst.foreign_mass > TOLERANCE:
+            result.reason += (
+                f"; returned q puts {worst.foreign_mass:.4g} on tokens the drafter never proposes: "
+                f"acceptance ratios inflated x{worst.inflation:.4g}"
+            )
+    elif gaps:
+        result.verdict = "gap"
+        result.reason = "interception gap: " + "; ".join(gaps)
+    else:
+        result.reason = (
+            f"returned q is what each draft was drawn from at all {len(positions)} positions over {trials} trial(s) "
+            f"(max TV {max(p.tv for p in positions):.2g} <= {TOLERANCE:g})"
+        )
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+#: The statistical verdict each provenance verdict implies in step mode, where the verifier is the
+#: installed ``_speculative_sampling`` and only the drafter's honesty is in question.
+IMPLIED = {"consistent": "lossless", "inconsistent": "not_lossless"}
+
+
+def disagreement(statistical_verdict: str, result: ProvenanceResult) -> str | None:
+    """A loud one-line warning when the provenance and statistical verdicts contradict each other."""
+    implied = IMPLIED.get(result.verdict)
+    if implied is None or statistical_verdict not in IMPLIED.values() or implied == statistical_verdict:
+        return None
+    return (
+        f"DISAGREEMENT: provenance says {result.verdict} but the statistical verdict is {statistical_verdict}: "
+        "a harness bug, an interception gap, or a statistical false alarm"
+    )

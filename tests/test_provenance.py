@@ -1,0 +1,124 @@
+"""Provenance mode: real generators are consistent, the raw-logits mutant is caught in one call."""
+
+import copy
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
+
+from lossless_check.adapters import ADAPTERS, ResolvedGenerator, resolve_generator
+from lossless_check.provenance import (
+    ARGMAX, NOISE, SAMPLE, TOLERANCE, Draw, Interception, compare_row, disagreement, match_draws, provenance_check)
+from lossless_check.runner import Case, StepCase
+from lossless_check.scenarios import DEFAULT, IID
+
+MUTANT = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
+GENERATORS = ["AssistedCandidateGenerator", "DFlashTokenCandidateGenerator"]
+
+
+@pytest.mark.parametrize("warpers", [{"top_k": 3}, {"temperature": 0.7}, {}], ids=str)
+@pytest.mark.parametrize("generator", GENERATORS)
+def test_builtin_generators_are_consistent(generator, warpers):
+    result = provenance_check(Case(resolve_generator(generator), warpers, scenario=DEFAULT))
+    assert result.verdict == "consistent", result.reason
+    assert [p.position for p in result.positions] == [1, 2, 3]
+    for p in result.positions:
+        assert p.rule == "sampled" and p.tv <= TOLERANCE and p.foreign_mass == 0
+        assert p.inflation == pytest.approx(1, abs=1e-6)
+
+
+def test_raw_logits_mutant_is_inconsistent_in_one_call():
+    result = provenance_check(Case(resolve_generator(MUTANT), {"top_k": 3}, scenario=IID), trials=1)
+    assert result.verdict == "inconsistent", result.reason
+    # The drafter samples from top-3 of the raw table; the raw softmax keeps mass Z on those 3.
+    raw = torch.softmax(torch.tensor(IID.drafter.rows[0]), -1).numpy()
+    z = np.sort(raw)[-3:].sum()
+    for p in result.positions:
+        assert not p.consistent
+        assert p.foreign_mass == pytest.approx(1 - z, abs=1e-6) and p.foreign_mass > 0
+        assert p.inflation == pytest.approx(1 / z, rel=1e-6) and p.inflation > 1
+    assert "inflated" in result.reason
+
+
+@pytest.mark.parametrize("generator", GENERATORS)
+def test_interception_changes_no_output_and_no_random_stream(generator):
+    step = StepCase(Case(resolve_generator(generator), {"top_k": 3}, scenario=DEFAULT))
+    multinomial = torch.multinomial
+
+    def drafts(intercept):
+        session = step.case.generator.adapter.session(step.context())
+        torch.manual_seed(11)
+        out = []
+        with torch.no_grad():
+            for _ in range(3):
+                if intercept:
+                    with Interception(DEFAULT.vocab_size):
+                        out.append(session.draft(step.prompt_ids))
+                else:
+                    out.append(session.draft(step.prompt_ids))
+        return out, torch.get_rng_state()
+
+    (plain, plain_state), (seen, seen_state) = drafts(False), drafts(True)
+    for (ids_a, logits_a), (ids_b, logits_b) in zip(plain, seen):
+        assert torch.equal(ids_a, ids_b) and torch.equal(logits_a, logits_b)
+    assert torch.equal(plain_state, seen_state)
+    assert torch.multinomial is multinomial and "argmax" not in torch.Tensor.__dict__  # patches undone
+
+
+def test_greedy_drafts_are_traced_to_argmax():
+    step = StepCase(Case(resolve_generator("DFlashTokenCandidateGenerator"), {"top_k": 3}, scenario=IID))
+    config = copy.deepcopy(step.generation_config)
+    config.do_sample = False
+    session = step.case.generator.adapter.session(dataclasses.replace(step.context(), generation_config=config))
+    with torch.no_grad(), Interception(IID.vocab_size) as seen:
+        ids, logits = session.draft(step.prompt_ids)
+    matched = match_draws(seen.draws, ids[0, 3:].tolist())
+    assert [d.kind for d in matched] == [ARGMAX] * 3
+    q = torch.softmax(logits[0, 0], -1)
+    assert not compare_row(matched[0], q, 1).consistent  # top-3 q is not a point mass
+    assert compare_row(matched[0], torch.nn.functional.one_hot(ids[0, 3], IID.vocab_size).float(), 1).consistent
+
+
+def _row(*probs):
+    return torch.tensor(probs, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("draws, drafts, gap", [
+    ([Draw(SAMPLE, 1, _row(0, 1))], [1], None),
+    ([Draw(ARGMAX, 1), Draw(SAMPLE, 1, _row(0, 1))], [1], None),  # a processor's argmax is not a draft
+    ([Draw(SAMPLE, 0, _row(1, 0))], [1], "not produced"),
+    ([Draw(ARGMAX, 1), Draw(ARGMAX, 1)], [1], "unambiguously"),
+    ([Draw(SAMPLE, 0, _row(1, 0)), Draw(SAMPLE, 1, _row(0, 1))], [1], "drawn but not drafted"),
+    ([Draw(NOISE), Draw(ARGMAX, 1)], [1], "Gumbel"),
+])
+def test_matching_reports_gaps_instead_of_guessing(draws, drafts, gap):
+    matched = match_draws(draws, drafts)
+    if gap is None:
+        assert [d.token for d in matched] == drafts
+    else:
+        assert isinstance(matched, str) and gap in matched
+
+
+class GumbelDFlash(DFlashTokenCandidateGenerator):
+    """Redraws its drafts by Gumbel-max through ``Tensor.max``, a primitive provenance does not trace."""
+
+    def get_candidates(self, input_ids, **kwargs):
+        candidate_ids, logits = super().get_candidates(input_ids, **kwargs)
+        gumbel = -torch.empty_like(logits).exponential_().log()
+        candidate_ids[:, input_ids.shape[1]:] = (logits + gumbel).max(-1).indices
+        return candidate_ids, logits
+
+
+def test_untraceable_sampler_is_a_gap_not_a_verdict():
+    generator = ResolvedGenerator("GumbelDFlash", ADAPTERS["DFlashTokenCandidateGenerator"], GumbelDFlash)
+    result = provenance_check(Case(generator, {"top_k": 3}, scenario=IID), trials=2)
+    assert result.verdict == "gap" and "interception gap" in result.reason
+
+
+def test_disagreement_is_loud_only_on_contradiction():
+    result = provenance_check(Case(resolve_generator(MUTANT), {"top_k": 3}, scenario=IID), trials=1)
+    assert "DISAGREEMENT" in disagreement("lossless", result)
+    assert disagreement("not_lossless", result) is None
+    assert disagreement("error", result) is None
