@@ -46,6 +46,12 @@ class ExactLaws:
         """Law a correct drafter samples the next draft from: the processed drafter table."""
         return self._drafter(tuple(prefix))
 
+    def residual(self, prefix: tuple[int, ...] = ()) -> np.ndarray | None:
+        """Law of the token emitted after a rejection: ``normalize(max(p - q, 0))`` (None if p <= q)."""
+        residual = np.maximum(self.target(prefix) - self.drafter(prefix), 0.0)
+        total = residual.sum()
+        return residual / total if total > 0 else None
+
     def acceptance_law(self, gamma: int) -> AcceptanceLaw | None:
         """Exact law of ``n_matches`` when drafts come from :meth:`drafter` (``None`` if too large).
 
