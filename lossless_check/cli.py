@@ -49,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a warper stack as GenerationConfig kwargs (repeatable); 'none' for plain sampling")
     run.add_argument("--matrix", choices=("smoke", "default", "full"), default=None,
                      help="a named set of warper stacks (default when no --warpers: default)")
-    run.add_argument("--mode", choices=("step",), default="step")
+    run.add_argument("--mode", choices=("step", "provenance", "generate", "all"), default="step",
+                     help="step: statistical, one round; provenance: exact check of q; generate: the real "
+                          "generate() loop; all: step with provenance beside it, plus generate")
     run.add_argument("--scenario", default="markov8", help="fixed-logits scenario (markov8, iid8)")
     run.add_argument("--samples", type=_positive_int, default=20_000, help="trials per case (default 20000)")
     run.add_argument("--alpha", type=_probability, default=1e-6, help="family-wise false-failure rate (default 1e-6)")
@@ -75,7 +77,8 @@ def _cases(args):
     stacks = [parse_warpers(w) for w in args.warpers or []]
     if args.matrix or not stacks:
         stacks += matrix(args.matrix or "default")
-    return [Case(g, w, args.mode, scenario) for g in generators for w in stacks]
+    modes = ["all", "generate"] if args.mode == "all" else [args.mode]
+    return [Case(g, w, mode, scenario) for mode in modes for g in generators for w in stacks]
 
 
 def _run(args) -> int:
@@ -83,7 +86,7 @@ def _run(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from .report import print_table, write_json
-    from .runner import RunResult, decide, execute
+    from .modes import run_modes
     from .warpers import capture_processors  # noqa: F401  (fail on a broken install before the run)
 
     from transformers.utils import logging as hf_logging
@@ -91,14 +94,11 @@ def _run(args) -> int:
     hf_logging.set_verbosity_error()
     cases = _cases(args)
     console = Console(stderr=True)
-    alpha_case = args.alpha / len(cases)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=console, disable=args.quiet, transient=True) as progress:
         task = progress.add_task(f"{len(cases)} cases", total=len(cases) * args.samples)
-        results = execute(cases, args.samples, args.seed, alpha_case, args.workers,
-                          lambda k: progress.advance(task, k))
-    decide(results, args.alpha)
-    result = RunResult(results, args.alpha, args.seed, args.samples)
+        result = run_modes(cases, args.samples, args.alpha, args.seed, args.workers,
+                           lambda k: progress.advance(task, k))
     print_table(result, Console(width=None if sys.stdout.isatty() else 160))
     if args.json:
         write_json(result, args.json)

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from .errors import GeneratorFailure
-from .runner import Case, StepCase, _one_line, check_candidates
+from .runner import Case, StepCase, one_line, check_candidates
 
 #: Largest total variation between the sampled row and ``softmax(returned candidate_logits)`` that
 #: still counts as equal. Both sides are float32 softmaxes of (ideally) the same float32 logits;
@@ -279,7 +279,7 @@ def provenance_check(case: Case, trials: int = 3, seed: int = 0) -> ProvenanceRe
     try:
         session = case.generator.adapter.session(step.context())
     except Exception as exc:  # noqa: BLE001 - the generator under test failed to build
-        raise GeneratorFailure(f"building the generator raised {_one_line(exc)}") from exc
+        raise GeneratorFailure(f"building the generator raised {one_line(exc)}") from exc
     by_position: dict[int, list[PositionProvenance]] = {}
     gaps = []
     with torch.random.fork_rng(devices=[]), torch.no_grad():
@@ -289,7 +289,7 @@ def provenance_check(case: Case, trials: int = 3, seed: int = 0) -> ProvenanceRe
                 try:
                     candidate_ids, candidate_logits = session.draft(prompt)
                 except Exception as exc:  # noqa: BLE001
-                    raise GeneratorFailure(f"get_candidates raised {_one_line(exc)}") from exc
+                    raise GeneratorFailure(f"get_candidates raised {one_line(exc)}") from exc
             check_candidates(prompt, candidate_ids, candidate_logits, vocab, step.generation_config.max_length)
             if candidate_logits is None or candidate_ids.shape[1] == prompt.shape[1]:
                 raise GeneratorFailure("returned no candidate_logits: provenance applies to drafters that sample")

@@ -133,6 +133,7 @@ class CaseResult:
     acceptance_statistic: float | None = None  # TV between the observed and theoretical n_matches laws
     empirical_law: list[float] | None = None  # position 1
     expected_law: list[float] | None = None  # position 1
+    provenance: dict | None = None  # provenance sub-verdict (modes provenance and all)
     failed_checks: list[str] = field(default_factory=list)
     positions: list[dict] = field(default_factory=list)
     reason: str = ""
@@ -148,7 +149,7 @@ class CaseResult:
         return out
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
@@ -213,7 +214,7 @@ class StepCase:
         try:
             session = self.case.generator.adapter.session(self.context())
         except Exception as exc:  # noqa: BLE001 - the generator under test failed to build
-            raise GeneratorFailure(f"building the generator raised {_one_line(exc)}") from exc
+            raise GeneratorFailure(f"building the generator raised {one_line(exc)}") from exc
         emitted = None
         n_matches = np.zeros(samples, dtype=np.int64)
         impossible = 0
@@ -223,7 +224,7 @@ class StepCase:
                 try:
                     candidate_ids, candidate_logits = session.draft(prompt)
                 except Exception as exc:  # noqa: BLE001
-                    raise GeneratorFailure(f"get_candidates raised {_one_line(exc)}") from exc
+                    raise GeneratorFailure(f"get_candidates raised {one_line(exc)}") from exc
                 check_candidates(prompt, candidate_ids, candidate_logits, vocab, max_length)
                 gamma = candidate_ids.shape[1] - length
                 if candidate_logits is None or gamma == 0:
@@ -406,7 +407,8 @@ def decide(results: list[CaseResult], alpha_family: float) -> None:
         r.reason = explain(r)
 
 
-def _skip_reason(case: Case) -> str | None:
+def skip_reason(case: Case) -> str | None:
+    """Why a case cannot run on this install (``None`` if it can)."""
     if case.generator.generator_class is None:
         return f"{case.generator.adapter.name} is not in the installed transformers"
     if case.scenario.drafter.kind not in case.generator.adapter.drafter_kinds:
@@ -453,7 +455,7 @@ def execute(cases: list[Case], samples: int, seed: int, alpha_case: float, worke
     results: list[CaseResult | None] = [None] * len(cases)
     units = []
     for index, case in enumerate(cases):
-        reason = _skip_reason(case)
+        reason = skip_reason(case)
         if reason is not None:
             results[index] = CaseResult(case.generator.display_name, case.warper_spec, case.mode, case.scenario.name,
                                         verdict="skipped", reason=reason)
