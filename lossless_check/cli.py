@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "generate() loop; all: step with provenance beside it, plus generate")
     run.add_argument("--scenario", default="markov8", help="fixed-logits scenario (markov8, iid8)")
     run.add_argument("--samples", type=_positive_int, default=20_000, help="trials per case (default 20000)")
+    run.add_argument("--detect-tv", type=_probability, metavar="TV",
+                     help="size the run: enough samples per case to detect this TV at position 1 with power 0.99")
     run.add_argument("--alpha", type=_probability, default=1e-6, help="family-wise false-failure rate (default 1e-6)")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--workers", type=_positive_int, default=1, help="processes (results do not depend on it)")
@@ -81,6 +83,16 @@ def _cases(args):
     return [Case(g, w, mode, scenario) for mode in modes for g in generators for w in stacks]
 
 
+def samples_to_detect(cases, tv: float, alpha: float) -> int:
+    """Samples per case so that each statistical case detects ``tv`` at position 1 with power 0.99."""
+    from .runner import POWER
+    from .stats import samples_for_tv
+
+    statistical = [c for c in cases if c.mode != "provenance"] or cases
+    alpha_position = alpha / len(statistical) / (max(c.scenario.gamma for c in cases) + 1)
+    return samples_for_tv(tv, max(c.scenario.vocab_size for c in cases), alpha_position, POWER)
+
+
 def _run(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -93,6 +105,8 @@ def _run(args) -> int:
 
     hf_logging.set_verbosity_error()
     cases = _cases(args)
+    if args.detect_tv is not None:
+        args.samples = samples_to_detect(cases, args.detect_tv, args.alpha)
     console = Console(stderr=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=console, disable=args.quiet, transient=True) as progress:

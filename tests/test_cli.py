@@ -50,3 +50,12 @@ def test_list_shows_installed_generators(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert "AssistedCandidateGenerator" in out and "DFlashTokenCandidateGenerator" in out
+
+
+def test_detect_tv_sizes_the_run(tmp_path):
+    out = tmp_path / "out.json"
+    code = main(["run", "--generator", "DFlashTokenCandidateGenerator", "--warpers", "top_k=3", "--scenario", "iid8",
+                 "--detect-tv", "0.4", "--json", str(out), "--quiet"])
+    assert code == 0
+    case = json.loads(out.read_text())["cases"][0]
+    assert case["tv_detectable"] <= 0.4 and case["samples"] < 1000
