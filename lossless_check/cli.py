@@ -52,7 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--mode", choices=("step", "provenance", "generate", "all"), default="step",
                      help="step: statistical, one round; provenance: exact check of q; generate: the real "
                           "generate() loop; all: step with provenance beside it, plus generate")
-    run.add_argument("--scenario", default="markov8", help="fixed-logits scenario (markov8, iid8)")
+    run.add_argument("--scenario", default="markov8",
+                     help="markov8, iid8 (fixed logits), or tiny-llama (random 2-layer Llamas; generate mode only)")
+    run.add_argument("--max-new-tokens", type=_positive_int, default=4, metavar="K",
+                     help="generate mode: tokens per generate() call, each position tested (default 4)")
     run.add_argument("--samples", type=_positive_int, default=20_000, help="trials per case (default 20000)")
     run.add_argument("--detect-tv", type=_probability, metavar="TV",
                      help="size the run: enough samples per case to detect this TV at position 1 with power 0.99")
@@ -73,8 +76,12 @@ def _cases(args):
     from .warpers import parse_warpers
 
     scenario = SCENARIOS.get(args.scenario)
+    if args.scenario == "tiny-llama":
+        if args.mode != "generate":
+            raise UsageError("the tiny-llama scenario runs in generate mode only (--mode generate)")
+        from .generate_mode import TINY_LLAMA as scenario
     if scenario is None:
-        raise UsageError(f"unknown scenario {args.scenario!r}; known: {', '.join(SCENARIOS)}")
+        raise UsageError(f"unknown scenario {args.scenario!r}; known: {', '.join(SCENARIOS)}, tiny-llama")
     generators = [resolve_generator(g) for g in (args.generator or DEFAULT_GENERATORS)]
     stacks = [parse_warpers(w) for w in args.warpers or []]
     if args.matrix or not stacks:
@@ -83,14 +90,15 @@ def _cases(args):
     return [Case(g, w, mode, scenario) for mode in modes for g in generators for w in stacks]
 
 
-def samples_to_detect(cases, tv: float, alpha: float) -> int:
+def samples_to_detect(cases, tv: float, alpha: float, max_new_tokens: int = 4) -> int:
     """Samples per case so that each statistical case detects ``tv`` at position 1 with power 0.99."""
     from .runner import POWER
     from .stats import samples_for_tv
 
     statistical = [c for c in cases if c.mode != "provenance"] or cases
-    alpha_position = alpha / len(statistical) / (max(c.scenario.gamma for c in cases) + 1)
-    return samples_for_tv(tv, max(c.scenario.vocab_size for c in cases), alpha_position, POWER)
+    positions = max(max_new_tokens if c.mode == "generate" else c.scenario.gamma + 1 for c in statistical)
+    vocab = max(c.scenario.vocab_size for c in statistical)
+    return samples_for_tv(tv, vocab, alpha / len(statistical) / positions, POWER)
 
 
 def _run(args) -> int:
@@ -99,20 +107,19 @@ def _run(args) -> int:
 
     from .report import print_table, write_json
     from .modes import run_modes
-    from .warpers import capture_processors  # noqa: F401  (fail on a broken install before the run)
 
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     cases = _cases(args)
     if args.detect_tv is not None:
-        args.samples = samples_to_detect(cases, args.detect_tv, args.alpha)
+        args.samples = samples_to_detect(cases, args.detect_tv, args.alpha, args.max_new_tokens)
     console = Console(stderr=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=console, disable=args.quiet, transient=True) as progress:
         task = progress.add_task(f"{len(cases)} cases", total=len(cases) * args.samples)
         result = run_modes(cases, args.samples, args.alpha, args.seed, args.workers,
-                           lambda k: progress.advance(task, k))
+                           lambda k: progress.advance(task, k), args.max_new_tokens)
     print_table(result, Console(width=None if sys.stdout.isatty() else 160))
     if args.json:
         write_json(result, args.json)

@@ -38,8 +38,8 @@ from .adapters import DraftContext
 from .adapters.assisted import assistant_for
 from .errors import GeneratorFailure
 from .expected import ExactLaws
-from .runner import POWER, Case, CaseResult, case_seed, explain
-from .stats import Stratum, bonferroni_min, law_test, tv_confidence_interval
+from .runner import Case, CaseResult, case_seed, one_line, position_tests
+from .stats import Stratum
 from .stubs import fixed_logits_lm
 from .warpers import capture_processors
 
@@ -96,6 +96,14 @@ class GenerateCaseResult(CaseResult):
     mean_rounds: float | None = None  # target forward passes per generate() call
     mean_new_tokens: float | None = None
     stopping_violations: int = 0  # outputs plain sampling cannot produce (length / EOS rules)
+
+    def explain(self) -> str:
+        """The step-mode explanation plus the stopping check and what the loop did."""
+        parts = [super().explain()]
+        if self.stopping_violations:
+            parts.append(f"{self.stopping_violations} outputs break the length/EOS rules of plain sampling")
+        parts.append(f"{self.mean_rounds:.2f} rounds and {self.mean_new_tokens:.2f} tokens per generate() call")
+        return "; ".join(parts)
 
 
 @dataclass
@@ -219,11 +227,6 @@ def stopping_violations(tokens: list[int], max_new_tokens: int, eos: frozenset[i
     return 0
 
 
-def _one_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
-
-
 def collect(setup: _Setup, samples: int, max_new_tokens: int, seed: int,
             progress: Callable[[int], None] | None = None) -> Generations:
     """Call ``generate()`` ``samples`` times; count target forward passes (one per round)."""
@@ -243,7 +246,7 @@ def collect(setup: _Setup, samples: int, max_new_tokens: int, seed: int,
                     out = setup.target.generate(setup.prompt_ids, assistant_model=setup.drafter,
                                                 generation_config=setup.generation_config)
                 except Exception as exc:  # noqa: BLE001 - the generator under test (or the loop) failed
-                    raise GeneratorFailure(f"generate() raised {_one_line(exc)}") from exc
+                    raise GeneratorFailure(f"generate() raised {one_line(exc)}") from exc
                 tokens = out[0, prompt_length:].tolist()
                 violations += stopping_violations(tokens, max_new_tokens, setup.eos)
                 emitted[t, : min(len(tokens), max_new_tokens)] = tokens[:max_new_tokens]
@@ -274,20 +277,6 @@ def position_strata(emitted: np.ndarray, position: int, law: Law, eos: frozenset
     return [Stratum(counts, probs) for probs, counts in groups.values()]
 
 
-def _position_entry(position: int, strata: list[Stratum], test) -> dict:
-    return {
-        "position": position,
-        "samples": test.n,
-        "strata": len(strata),
-        "tv": test.statistic,
-        "tv_threshold": test.threshold_tv,
-        "tv_detectable": test.tv_detectable,
-        "p_value": test.pvalue,
-        "chi2_p_value": test.chi2_pvalue,
-        "support_violations": test.support_violations,
-    }
-
-
 def analyse(case: Case, setup: _Setup, gens: Generations, alpha_case: float) -> GenerateCaseResult:
     """Statistics and verdict of one generate-mode case at its share ``alpha_case`` of the family rate."""
     max_new_tokens = gens.emitted.shape[1]
@@ -300,40 +289,14 @@ def analyse(case: Case, setup: _Setup, gens: Generations, alpha_case: float) -> 
     result.mean_rounds = float(gens.rounds.mean())
     result.mean_new_tokens = float((gens.emitted >= 0).sum(axis=1).mean())
     result.stopping_violations = gens.stopping_violations
-    alpha_position = alpha_case / max_new_tokens
-
-    pvalues, violations = [], 0
-    for k in range(max_new_tokens):
-        strata = position_strata(gens.emitted, k, setup.law, setup.eos)
-        test = law_test(strata, alpha_position, POWER)
-        violations += test.support_violations
-        pvalues.append(test.pvalue)
-        result.positions.append(_position_entry(k + 1, strata, test))
-        if k == 0:
-            result.tv, result.tv_detectable = test.statistic, test.tv_detectable
-            result.tv_ci = tv_confidence_interval(strata)
-            result.chi2, result.chi2_dof, result.chi2_p_value, result.g_p_value = (
-                test.chi2, test.chi2_dof, test.chi2_pvalue, test.g_pvalue)
-    result.p_value = bonferroni_min(pvalues)
-
-    if violations:
-        result.failed_checks.append("support")
+    strata = [position_strata(gens.emitted, k, setup.law, setup.eos) for k in range(max_new_tokens)]
+    violations = position_tests(result, strata, alpha_case)
     if gens.stopping_violations:
         result.failed_checks.append("stopping")
     result.exact_failure = bool(violations or gens.stopping_violations)
-    result.failed_checks += [f"output_law@{e['position']}" for e in result.positions if e["p_value"] <= alpha_position]
     result.verdict = "not_lossless" if (result.exact_failure or result.p_value <= alpha_case) else "lossless"
-    result.reason = explain_generate(result)
+    result.reason = result.explain()
     return result
-
-
-def explain_generate(result: GenerateCaseResult) -> str:
-    """:func:`~.runner.explain` plus the stopping check and what the loop did."""
-    parts = [explain(result)]
-    if result.stopping_violations:
-        parts.append(f"{result.stopping_violations} outputs break the length/EOS rules of plain sampling")
-    parts.append(f"{result.mean_rounds:.2f} rounds and {result.mean_new_tokens:.2f} tokens per generate() call")
-    return "; ".join(parts)
 
 
 def run_generate_case(case: Case, samples: int, seed: int, alpha_case: float, max_new_tokens: int = 4,
@@ -372,5 +335,5 @@ def run_generate_case(case: Case, samples: int, seed: int, alpha_case: float, ma
     return analyse(case, setup, gens, alpha_case)
 
 
-__all__ = ["GenerateCaseResult", "TINY_LLAMA", "TinyLlamaScenario", "explain_generate", "run_generate_case",
+__all__ = ["GenerateCaseResult", "TINY_LLAMA", "TinyLlamaScenario", "run_generate_case",
            "tiny_llama_pair"]

@@ -65,7 +65,7 @@ def _attach_provenance(step: CaseResult, case: Case, seed: int) -> None:
 
 
 def run_modes(cases: list[Case], samples: int, alpha: float, seed: int, workers: int = 1,
-              progress: Callable[[int], None] | None = None) -> RunResult:
+              progress: Callable[[int], None] | None = None, max_new_tokens: int = 4) -> RunResult:
     """Run cases of any mode; the family-wise decision covers every statistical case of the run."""
     statistical = [c for c in cases if c.mode in ("step", "generate", "all")]
     alpha_case = alpha / max(1, len(statistical))
@@ -78,12 +78,7 @@ def run_modes(cases: list[Case], samples: int, alpha: float, seed: int, workers:
         if case.mode == "generate":
             from .generate_mode import run_generate_case
 
-            reason = skip_reason(case)
-            if reason is not None:
-                results[i] = CaseResult(case.generator.display_name, case.warper_spec, "generate",
-                                        case.scenario.name, verdict="skipped", reason=reason)
-            else:
-                results[i] = run_generate_case(case, samples, seed, alpha_case, progress=progress)
+            results[i] = run_generate_case(case, samples, seed, alpha_case, max_new_tokens, progress)
     decide([results[i] for i in sorted(results)], alpha)
     for i, case in enumerate(cases):
         if case.mode == "provenance":

@@ -141,6 +141,33 @@ class CaseResult:
     samples_per_second: float | None = None
     exact_failure: bool = False
 
+    def explain(self) -> str:
+        """One-line reason for the verdict."""
+        parts = []
+        if "support" in self.failed_checks:
+            parts.append("emitted a token the target gives probability 0")
+        if "impossible_draft" in self.failed_checks:
+            parts.append("drafted a token its returned q gives probability 0")
+        bad = [p for p in self.positions if f"output_law@{p['position']}" in self.failed_checks]
+        for p in bad:
+            parts.append(
+                f"output law at position {p['position']}: TV {p['tv']:.4f} > threshold {p['tv_threshold']:.4f} "
+                f"(p={p['p_value']:.2g}, n={p['samples']})"
+            )
+        if self.verdict == "lossless" and not parts:
+            parts.append(f"TV {self.tv:.4f}; would detect TV >= {self.tv_detectable:.4f} with power {POWER}")
+        if self.expected_acceptance_rate is not None:
+            excess = self.acceptance_rate - self.expected_acceptance_rate
+            flag = " (acceptance law differs from theory)" if "acceptance_law" in self.failed_checks else ""
+            residuals = [c for c in self.failed_checks if c.startswith("residual@")]
+            if residuals:
+                flag += f" (rejection residual differs at {', '.join(r.split('@')[1] for r in residuals)})"
+            parts.append(
+                f"acceptance rate {self.acceptance_rate:.3f} vs theory {self.expected_acceptance_rate:.3f} "
+                f"({excess:+.3f}){flag}"
+            )
+        return "; ".join(parts)
+
     def to_dict(self) -> dict:
         out = dict(self.__dict__)
         out.pop("exact_failure")
@@ -277,26 +304,21 @@ class StepCase:
         return [Stratum(counts, law) for law, counts in groups.values()]
 
 
-def analyse(step: StepCase, obs: Observations, alpha_case: float) -> CaseResult:
-    """Statistics of one case at its share ``alpha_case`` of the family error rate."""
-    case = step.case
-    gamma = obs.gamma
-    result = CaseResult(case.generator.display_name, case.warper_spec, case.mode, case.scenario.name)
-    result.samples = len(obs.n_matches)
-    result.seconds = obs.seconds
-    result.samples_per_second = result.samples / obs.seconds if obs.seconds > 0 else None
-    result.alpha_case = alpha_case
-    alpha_position = alpha_case / (gamma + 1)
+def position_tests(result: CaseResult, strata_by_position: list[list[Stratum]], alpha_case: float) -> int:
+    """Test the output law at every position; fill ``result``; return the number of support violations.
 
-    position_pvalues = []
-    diagnostics: list[str] = []
-    violations = 0
-    for j in range(gamma + 1):
-        strata = step.position_strata(obs, j)
+    Each position gets ``alpha_case / positions`` and the case's p-value is their Bonferroni
+    combination. Position 1 also gives the case's headline TV, its interval and the chi-square / G
+    diagnostics, and (when it is a single stratum) the empirical and expected laws for reports.
+    """
+    alpha_position = alpha_case / len(strata_by_position)
+    result.alpha_case = alpha_case
+    pvalues, violations = [], 0
+    for j, strata in enumerate(strata_by_position):
         test = law_test(strata, alpha_position, POWER)
         violations += test.support_violations
-        position_pvalues.append(test.pvalue)
-        entry = {
+        pvalues.append(test.pvalue)
+        result.positions.append({
             "position": j + 1,
             "samples": test.n,
             "strata": len(strata),
@@ -306,31 +328,45 @@ def analyse(step: StepCase, obs: Observations, alpha_case: float) -> CaseResult:
             "p_value": test.pvalue,
             "chi2_p_value": test.chi2_pvalue,
             "support_violations": test.support_violations,
-        }
-        if j < gamma:
-            residual = law_test(step.residual_strata(obs, j), alpha_position, POWER)
-            entry["residual_samples"], entry["residual_tv"] = residual.n, residual.statistic
-            entry["residual_p_value"] = residual.pvalue
-            if residual.n and residual.rejects(alpha_position):
-                diagnostics.append(f"residual@{j + 1}")
-        result.positions.append(entry)
+        })
+        if test.pvalue <= alpha_position:
+            result.failed_checks.append(f"output_law@{j + 1}")
         if j == 0:
-            result.empirical_law = (strata[0].counts / max(strata[0].n, 1)).tolist() if len(strata) == 1 else None
-            result.expected_law = strata[0].expected.tolist() if len(strata) == 1 else None
             result.tv, result.tv_detectable = test.statistic, test.tv_detectable
             result.tv_ci = tv_confidence_interval(strata)
             result.chi2, result.chi2_dof, result.chi2_p_value, result.g_p_value = (
                 test.chi2, test.chi2_dof, test.chi2_pvalue, test.g_pvalue)
-    result.p_value = bonferroni_min(position_pvalues)
-
+            if len(strata) == 1:
+                result.empirical_law = (strata[0].counts / max(strata[0].n, 1)).tolist()
+                result.expected_law = strata[0].expected.tolist()
+    result.p_value = bonferroni_min(pvalues)
     if violations:
-        result.failed_checks.append("support")
+        result.failed_checks.insert(0, "support")
+    return violations
+
+
+def analyse(step: StepCase, obs: Observations, alpha_case: float) -> CaseResult:
+    """Statistics of one case at its share ``alpha_case`` of the family error rate."""
+    case = step.case
+    gamma = obs.gamma
+    result = CaseResult(case.generator.display_name, case.warper_spec, case.mode, case.scenario.name)
+    result.samples = len(obs.n_matches)
+    result.seconds = obs.seconds
+    result.samples_per_second = result.samples / obs.seconds if obs.seconds > 0 else None
+    violations = position_tests(result, [step.position_strata(obs, j) for j in range(gamma + 1)], alpha_case)
     if obs.impossible_drafts:
         result.failed_checks.append("impossible_draft")
     result.exact_failure = bool(violations or obs.impossible_drafts)
-    for entry in result.positions:
-        if entry["p_value"] <= alpha_position:
-            result.failed_checks.append(f"output_law@{entry['position']}")
+
+    diagnostics: list[str] = []
+    alpha_position = alpha_case / (gamma + 1)
+    for j in range(gamma):
+        residual = law_test(step.residual_strata(obs, j), alpha_position, POWER)
+        entry = result.positions[j]
+        entry["residual_samples"], entry["residual_tv"] = residual.n, residual.statistic
+        entry["residual_p_value"] = residual.pvalue
+        if residual.n and residual.rejects(alpha_position):
+            diagnostics.append(f"residual@{j + 1}")
 
     result.acceptance_rate = float(obs.n_matches.mean() / gamma)
     result.acceptance_law = (np.bincount(obs.n_matches, minlength=gamma + 1) / len(obs.n_matches)).tolist()
@@ -346,34 +382,6 @@ def analyse(step: StepCase, obs: Observations, alpha_case: float) -> CaseResult:
             diagnostics.append("acceptance_law")
     result.failed_checks += diagnostics
     return result
-
-
-def explain(result: CaseResult) -> str:
-    """One-line reason for a verdict."""
-    parts = []
-    if "support" in result.failed_checks:
-        parts.append("emitted a token the target gives probability 0")
-    if "impossible_draft" in result.failed_checks:
-        parts.append("drafted a token its returned q gives probability 0")
-    bad = [p for p in result.positions if f"output_law@{p['position']}" in result.failed_checks]
-    for p in bad:
-        parts.append(
-            f"output law at position {p['position']}: TV {p['tv']:.4f} > threshold {p['tv_threshold']:.4f} "
-            f"(p={p['p_value']:.2g}, n={p['samples']})"
-        )
-    if result.verdict == "lossless" and not parts:
-        parts.append(f"TV {result.tv:.4f}; would detect TV >= {result.tv_detectable:.4f} with power {POWER}")
-    if result.expected_acceptance_rate is not None:
-        excess = result.acceptance_rate - result.expected_acceptance_rate
-        flag = " (acceptance law differs from theory)" if "acceptance_law" in result.failed_checks else ""
-        residuals = [c for c in result.failed_checks if c.startswith("residual@")]
-        if residuals:
-            flag += f" (rejection residual differs at {', '.join(r.split('@')[1] for r in residuals)})"
-        parts.append(
-            f"acceptance rate {result.acceptance_rate:.3f} vs theory {result.expected_acceptance_rate:.3f} "
-            f"({excess:+.3f}){flag}"
-        )
-    return "; ".join(parts)
 
 
 @dataclass
@@ -404,7 +412,7 @@ def decide(results: list[CaseResult], alpha_family: float) -> None:
         # Holm rejects at least what Bonferroni does: checks flagged at alpha_case stand.
         if r.verdict == "lossless":
             r.failed_checks = [c for c in r.failed_checks if c in DIAGNOSTIC_CHECKS or c.startswith("residual@")]
-        r.reason = explain(r)
+        r.reason = r.explain()
 
 
 def skip_reason(case: Case) -> str | None:
@@ -449,11 +457,50 @@ def _finish(case: Case, parts: list, alpha_case: float) -> CaseResult:
     return analyse(_step_case(case), obs, alpha_case)
 
 
+def look_schedule(samples: int, sequential: bool) -> list[int]:
+    """Cumulative sample counts at which a case is analysed.
+
+    Fixed-N: one look at ``samples``. Sequential (group-sequential): looks at 1, 2, 4, 8, ... chunks
+    and at ``samples``. Looks fall on chunk boundaries, so a sequential run sees exactly the data of
+    the fixed-N run with the same seed, cut short.
+    """
+    if not sequential:
+        return [samples]
+    looks, n = [], CHUNK
+    while n < samples:
+        looks.append(n)
+        n *= 2
+    return looks + [samples]
+
+
+def _compute(units, cases, seed, workers, pool, progress) -> dict:
+    done = {}
+    if pool is None:
+        for index, chunk, size in units:
+            done[(index, chunk)] = collect_chunk(cases[index], seed, chunk, size)
+            if progress is not None:
+                progress(size)
+        return done
+    futures = {pool.submit(collect_chunk, cases[i], seed, c, n): (i, c, n) for i, c, n in units}
+    for future in as_completed(futures):
+        index, chunk, size = futures[future]
+        done[(index, chunk)] = future.result()
+        if progress is not None:
+            progress(size)
+    return done
+
+
 def execute(cases: list[Case], samples: int, seed: int, alpha_case: float, workers: int = 1,
-            progress: Callable[[int], None] | None = None) -> list[CaseResult]:
-    """Run every case's trials in chunks, on ``workers`` processes; results do not depend on ``workers``."""
+            progress: Callable[[int], None] | None = None, sequential: bool = False) -> list[CaseResult]:
+    """Run every case's trials in chunks, on ``workers`` processes; results do not depend on ``workers``.
+
+    ``sequential``: analyse at each look of :func:`look_schedule` and stop a case at the first look
+    that rejects. The ``K`` looks share the case's alpha equally (Bonferroni over looks: a rejection
+    at any look has probability at most ``alpha_case`` under the null), and the case's p-value is
+    ``min_k K * p_k``.
+    """
     results: list[CaseResult | None] = [None] * len(cases)
-    units = []
+    active = []
     for index, case in enumerate(cases):
         reason = skip_reason(case)
         if reason is not None:
@@ -461,24 +508,39 @@ def execute(cases: list[Case], samples: int, seed: int, alpha_case: float, worke
                                         verdict="skipped", reason=reason)
             continue
         _step_case(case)  # builds the processors here first: bad warpers stop the run before any work
-        units += [(index, chunk, size) for chunk, size in enumerate(chunk_sizes(samples))]
-    parts: dict[int, dict[int, object]] = defaultdict(dict)
-    if workers <= 1:
-        for index, chunk, size in units:
-            parts[index][chunk] = collect_chunk(cases[index], seed, chunk, size)
-            if progress is not None:
-                progress(size)
-    else:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                 initializer=_worker_init) as pool:
-            futures = {pool.submit(collect_chunk, cases[i], seed, c, n): (i, c, n) for i, c, n in units}
-            for future in as_completed(futures):
-                index, chunk, size = futures[future]
-                parts[index][chunk] = future.result()
-                if progress is not None:
-                    progress(size)
-    for index, chunks in parts.items():
-        results[index] = _finish(cases[index], [chunks[c] for c in sorted(chunks)], alpha_case)
+        active.append(index)
+    looks = look_schedule(samples, sequential)
+    sizes = chunk_sizes(samples)
+    parts: dict[int, list] = defaultdict(list)
+    pool = None
+    if workers > 1 and active:
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init)
+    try:
+        done_chunks = 0
+        for look, n_look in enumerate(looks, 1):
+            chunks = range(done_chunks, len(chunk_sizes(n_look)))
+            done_chunks = len(chunk_sizes(n_look))
+            computed = _compute([(i, c, sizes[c]) for i in active for c in chunks], cases, seed, workers, pool,
+                                progress)
+            for index in list(active):
+                parts[index] += [computed[(index, c)] for c in chunks]
+                if look < len(looks) and any(isinstance(p, GeneratorFailure) for p in parts[index]):
+                    results[index] = _finish(cases[index], parts[index], alpha_case)
+                    active.remove(index)
+                    continue
+                if look == len(looks) or sequential:
+                    result = _finish(cases[index], parts[index], alpha_case / len(looks))
+                    if result.p_value is not None and len(looks) > 1:
+                        previous = results[index].p_value if results[index] is not None else 1.0
+                        result.p_value = min(previous, min(1.0, len(looks) * result.p_value))
+                        result.alpha_case = alpha_case
+                    results[index] = result
+                    if result.verdict == "error" or result.exact_failure or (
+                            result.p_value is not None and result.p_value <= alpha_case):
+                        active.remove(index)
+    finally:
+        if pool is not None:
+            pool.shutdown()
     return results  # type: ignore[return-value]
 
 
@@ -497,8 +559,8 @@ def run_case(case: Case, samples: int, seed: int, alpha_case: float,
 
 
 def run(cases: list[Case], samples: int, alpha: float, seed: int,
-        progress: Callable[[int], None] | None = None, workers: int = 1) -> RunResult:
+        progress: Callable[[int], None] | None = None, workers: int = 1, sequential: bool = False) -> RunResult:
     """Run every case and apply the family-wise decision at rate ``alpha``."""
-    results = execute(cases, samples, seed, alpha / max(1, len(cases)), workers, progress)
+    results = execute(cases, samples, seed, alpha / max(1, len(cases)), workers, progress, sequential)
     decide(results, alpha)
     return RunResult(results, alpha, seed, samples)

@@ -10,8 +10,6 @@ reads its history from the cache gives wrong logits when a crop is wrong.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 from torch import nn
