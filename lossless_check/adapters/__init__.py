@@ -16,8 +16,16 @@ from ..errors import UsageError
 from .assisted import AssistedAdapter
 from .base import DraftContext, DraftSession, GeneratorAdapter
 from .dflash import DFlashAdapter
+from .different_tokenizers import DifferentTokenizersAdapter
+from .early_exit import EarlyExitAdapter
+from .mtp import MTPAdapter
+from .prompt_lookup import PromptLookupAdapter
+from .single_position import SinglePositionAdapter
+from .universal import UniversalAdapter
 
-ADAPTERS: dict[str, GeneratorAdapter] = {a.name: a for a in (AssistedAdapter(), DFlashAdapter())}
+ADAPTERS: dict[str, GeneratorAdapter] = {a.name: a for a in (
+    AssistedAdapter(), DifferentTokenizersAdapter(), UniversalAdapter(), PromptLookupAdapter(), EarlyExitAdapter(),
+    SinglePositionAdapter(), MTPAdapter(), DFlashAdapter())}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,170 @@
+"""``MTPCandidateGenerator``: multi-token-prediction layers of the target draft the tokens.
+
+The generator loads the target's MTP layers with the real ``MtpModel.from_pretrained`` and drafts
+in the real ``MtpModel.forward``, which samples each draft from the logits *after* the logits
+processors and returns those logits. Only the pieces an architecture supplies are stubs:
+
+- the decoder layer class (``MtpModel`` instantiates the target's own layer class for its
+  ``mtp_block``): :class:`FixedLogitsMtpBlock` outputs the drafter table's row for the token the
+  layer predicts;
+- the norm class (found by name inside that layer): :class:`IdentityNorm`;
+- the vocabulary projection: the target's identity ``lm_head``, so hidden states are logits.
+
+The MTP weights come from a real safetensors checkpoint, in the DeepSeek-V3 layout (MTP layer
+``k`` stored as decoder layer ``num_hidden_layers + k``), written to a temporary folder. Its
+``eh_proj`` passes the input token's (one-hot) embedding through, so a layer sees which token
+precedes the one it drafts, as a Markov drafter table needs.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from ..stubs import FixedLogitsConfig, FixedLogitsLM, fixed_logits_lm
+from .base import DraftContext, FunctionSession, GeneratorAdapter
+from .dflash import dflash_inputs
+
+
+class IdentityNorm(nn.Module):
+    """A norm with the constructor of an RMSNorm that leaves hidden states (the logits) unchanged."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+
+    def forward(self, hidden_states):
+        return hidden_states
+
+
+class FixedLogitsMtpBlock(nn.Module):
+    """Decoder layer stub: at each position, the drafter table's logits for the token that follows it.
+
+    ``hidden_states`` arrive as ``eh_proj([embedding, previous hidden])``, which the checkpoint makes
+    the one-hot of the input token. The table is a weight, loaded from the checkpoint like any other
+    (``MtpModel`` builds its layers on the meta device and only loads what the checkpoint holds).
+    The layer records its input in the cache, as attention does.
+    """
+
+    def __init__(self, config, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.table_kind = config.mtp_table_kind
+        self.prompt_length = config.prompt_length
+        self.table_rows = nn.Parameter(torch.tensor(config.mtp_table_rows, dtype=torch.float32), requires_grad=False)
+        self.input_norm = IdentityNorm(config.hidden_size)  # MtpModel takes its norm class from here
+
+    def forward(self, hidden_states, position_ids=None, past_key_values=None, **kwargs):
+        tokens = hidden_states.argmax(dim=-1)
+        if past_key_values is not None:
+            states = tokens.to(hidden_states.dtype)[:, None, :, None]
+            past_key_values.update(states, states, self.layer_idx)
+        if self.table_kind == "iid":
+            index = torch.zeros_like(tokens)
+        elif self.table_kind == "per_position":
+            # The token at position t predicts the token at t + 1.
+            index = (position_ids + 1 - self.prompt_length).clamp(0, self.table_rows.shape[0] - 1)
+        else:
+            index = tokens
+        return self.table_rows[index]
+
+
+class _Decoder(nn.Module):
+    """What ``get_decoder()`` returns: the ``layers`` whose class ``MtpModel`` reuses."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.layers = nn.ModuleList([FixedLogitsMtpBlock(config, i) for i in range(config.num_hidden_layers)])
+
+
+class FixedLogitsMtpLM(FixedLogitsLM):
+    """The target stub with MTP layers in its checkpoint (target table for its own logits)."""
+
+    # MTP weights sit in the checkpoint past the main layers; MtpModel finds them through this list.
+    _keys_to_ignore_on_load_unexpected = [r"model\.layers\.[1-9][0-9]*\."]
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.decoder = _Decoder(config)
+
+
+def mtp_checkpoint(config: FixedLogitsConfig) -> dict[str, torch.Tensor]:
+    """MTP weights in the DeepSeek-V3 checkpoint layout: ``eh_proj`` keeps the embedding half, the
+    layers hold the drafter table."""
+    vocab = config.vocab_size
+    pass_embedding = torch.cat([torch.eye(vocab), torch.zeros(vocab, vocab)], dim=1)
+    weights = {}
+    for k in range(config.num_mtp_layers):
+        layer = f"model.layers.{config.num_hidden_layers + k}"
+        weights[f"{layer}.eh_proj.weight"] = pass_embedding.clone()
+        weights[f"{layer}.table_rows"] = torch.tensor(config.mtp_table_rows, dtype=torch.float32)
+    return weights
+
+
+def mtp_target_for(ctx: DraftContext, folder: str) -> FixedLogitsMtpLM:
+    """The target stub with ``gamma`` MTP layers drafting from the drafter table, saved in ``folder``."""
+    from safetensors.torch import save_file
+
+    scenario = ctx.scenario
+    plain = fixed_logits_lm(scenario.target, prompt_length=len(scenario.prompt))
+    config = plain.config
+    config.num_mtp_layers = scenario.gamma
+    config.mtp_table_kind = scenario.drafter.kind
+    config.mtp_table_rows = scenario.drafter.rows.tolist()
+    config.rms_norm_eps = 1e-6
+    config.dtype = torch.float32
+    config.name_or_path = folder
+    save_file(mtp_checkpoint(config), os.path.join(folder, "model.safetensors"))
+    model = FixedLogitsMtpLM(config).eval()
+    model.generation_config = plain.generation_config
+    return model
+
+
+@contextmanager
+def _quiet_loading():
+    """Hide the weight-loading progress bar (it would interleave with the run's own progress)."""
+    from transformers.utils import logging
+
+    was_enabled = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            logging.enable_progress_bar()
+
+
+class MTPAdapter(GeneratorAdapter):
+    name = "MTPCandidateGenerator"
+
+    def session(self, ctx: DraftContext) -> FunctionSession:
+        with tempfile.TemporaryDirectory(prefix="lossless-check-mtp-") as folder, _quiet_loading():
+            target = mtp_target_for(ctx, folder)
+            # MtpModel.from_pretrained reads the checkpoint here, once.
+            template = ctx.generator_class(
+                main_model=target,
+                generation_config=ctx.generation_config,
+                model_kwargs={"use_cache": True},
+                logits_processor=ctx.processors,
+            )
+        # The same round-after-prefill inputs a DFlash drafter gets: positions and the target's hidden states.
+        model_kwargs, outputs = dflash_inputs(target, ctx.prompt_ids)
+        # Models hold only weights and are shared; the rest (the MTP cache, the prefill flag) is copied.
+        shared_modules = {id(v): v for v in vars(template).values() if isinstance(v, nn.Module)}
+
+        def draft(input_ids):
+            # Each trial is the first drafting round after prefill: a copy of the generator as built.
+            generator = copy.deepcopy(template, memo=dict(shared_modules))
+            return generator.get_candidates(
+                input_ids,
+                model_kwargs=dict(model_kwargs),
+                model_outputs=outputs,
+                is_first_iteration=False,
+                n_last_matches=0,
+            )
+
+        return FunctionSession(draft)

@@ -1,0 +1,126 @@
+"""``SinglePositionMultiTokenCandidateGenerator``: a Gemma-4-style assistant drafting from one position.
+
+The real generator accepts only an assistant whose class name contains ``Gemma4Assistant`` (and
+``generate()`` builds it only for a target whose class name starts with ``Gemma4`` or
+``Gemma3n``), so the stubs carry such names. Each step the generator feeds the assistant
+``[target embedding of the last token, last hidden state]`` at one constant position and keeps
+the assistant's ``logits`` as the returned ``candidate_logits``.
+
+The assistant stub's logits are the drafter table's row for the token its input embedding
+encodes (the target's embedding is one-hot). Its position never moves, so it cannot tell which
+draft it is on: only ``iid`` and ``markov`` drafter tables apply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+from transformers.utils import ModelOutput
+
+from ..stubs import FixedLogitsConfig, FixedLogitsLM, fixed_logits_lm
+from .base import DraftContext, FunctionSession, GeneratorAdapter
+
+
+@dataclass
+class AssistantOutput(ModelOutput):
+    """What the generator reads from a Gemma 4 assistant."""
+
+    logits: torch.Tensor | None = None
+    last_hidden_state: torch.Tensor | None = None
+
+
+@dataclass
+class SharedKVOutput(ModelOutput):
+    """Target outputs with the ``shared_kv_states`` a Gemma 4 target returns for its assistant."""
+
+    logits: torch.Tensor | None = None
+    past_key_values: object = None
+    hidden_states: tuple | None = None
+    shared_kv_states: dict | None = None
+
+
+class FixedLogitsGemma4AssistantStub(PreTrainedModel):
+    """Assistant stub: logits from the drafter table, hidden state = logits (identity head)."""
+
+    config_class = FixedLogitsConfig
+
+    def __init__(self, config: FixedLogitsConfig):
+        super().__init__(config)
+        self.register_buffer("table_rows", torch.tensor(config.table.rows, dtype=torch.float32), persistent=False)
+        self.anchor = torch.nn.Parameter(torch.zeros(1), requires_grad=False)  # gives the model a device
+        self.post_init()
+
+    def _init_weights(self, module):
+        pass
+
+    def forward(self, inputs_embeds, attention_mask=None, position_ids=None, shared_kv_states=None, **kwargs):
+        if shared_kv_states is None:
+            raise ValueError("a Gemma 4 assistant works from the target's shared_kv_states")
+        vocab = self.config.vocab_size
+        # The first half of the input is the target's (one-hot) embedding of the last token.
+        previous = inputs_embeds[..., :vocab].argmax(dim=-1)
+        index = previous if self.config.table_kind == "markov" else torch.zeros_like(previous)
+        logits = self.table_rows[index]
+        return AssistantOutput(logits=logits, last_hidden_state=logits)
+
+
+class FixedLogitsGemma4TargetStub(FixedLogitsLM):
+    """Target stub that also returns ``shared_kv_states`` (its cached keys and values)."""
+
+    def forward(self, input_ids=None, return_shared_kv_states: bool = False, **kwargs):
+        out = super().forward(input_ids, **kwargs)
+        shared = None
+        if return_shared_kv_states:
+            states = input_ids.to(torch.float32)[:, None, :, None]
+            if out.past_key_values is not None:
+                layer = out.past_key_values.layers[0]
+                states = layer.keys
+            shared = {"full_attention": (states, states)}
+        return SharedKVOutput(out.logits, out.past_key_values, out.hidden_states, shared)
+
+
+def assistant_for(ctx: DraftContext) -> FixedLogitsGemma4AssistantStub:
+    plain = fixed_logits_lm(ctx.scenario.drafter, prompt_length=len(ctx.scenario.prompt))
+    model = FixedLogitsGemma4AssistantStub(plain.config).eval()
+    model.generation_config = plain.generation_config
+    model.generation_config.num_assistant_tokens = ctx.scenario.gamma
+    return model
+
+
+def target_for(ctx: DraftContext) -> FixedLogitsGemma4TargetStub:
+    plain = fixed_logits_lm(ctx.scenario.target, prompt_length=len(ctx.scenario.prompt))
+    model = FixedLogitsGemma4TargetStub(plain.config).eval()
+    model.generation_config = plain.generation_config
+    return model
+
+
+class SinglePositionAdapter(GeneratorAdapter):
+    name = "SinglePositionMultiTokenCandidateGenerator"
+    drafter_kinds = ("iid", "markov")
+
+    def session(self, ctx: DraftContext) -> FunctionSession:
+        assistant = assistant_for(ctx)
+        target = target_for(ctx)
+        prompt = ctx.prompt_ids
+        # The target has run over everything before the last token, which it just sampled.
+        outputs = target(prompt[:, :-1], output_hidden_states=True, return_shared_kv_states=True)
+        model_kwargs = {"attention_mask": None}
+
+        def draft(input_ids):
+            # A fresh generator per trial: each trial is the first drafting round after prefill.
+            generator = ctx.generator_class(
+                assistant_model=assistant,
+                target_model_input_embeddings=target.get_input_embeddings(),
+                generation_config=ctx.generation_config,
+            )
+            return generator.get_candidates(
+                input_ids,
+                model_kwargs=dict(model_kwargs),
+                model_outputs=outputs,
+                is_first_iteration=False,
+                n_last_matches=0,
+            )
+
+        return FunctionSession(draft)

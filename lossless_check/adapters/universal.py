@@ -1,0 +1,59 @@
+"""``UniversalSpeculativeDecodingGenerator``: a drafter with its own tokenizer and vocabulary.
+
+Built as ``generate()`` builds it for ``do_sample=True`` with two tokenizers: the real
+``AssistantVocabTranslatorCache.get_translator`` (which prunes the assistant's LM head to the
+shared words and re-indexes its input embedding), then the generator around the translator. The
+assistant stub routes its tokens through its embedding and its logits through its head, so the
+pruning and re-indexing act on it for real (see :mod:`.vocabularies`).
+"""
+
+from __future__ import annotations
+
+from .base import DraftContext, FunctionSession, GeneratorAdapter
+from .vocabularies import assistant_lm, assistant_words, target_words, word_level_tokenizer
+
+
+class UniversalAdapter(GeneratorAdapter):
+    name = "UniversalSpeculativeDecodingGenerator"
+
+    def session(self, ctx: DraftContext) -> FunctionSession:
+        from transformers.generation.candidate_generator import AssistantVocabTranslatorCache
+
+        vocab = ctx.scenario.vocab_size
+        target_tokenizer = word_level_tokenizer(target_words(vocab))
+        assistant_tokenizer = word_level_tokenizer(assistant_words(vocab))
+        assistant = assistant_lm(
+            ctx.scenario.drafter,
+            prompt_length=len(ctx.scenario.prompt),
+            vocab_size=vocab,
+            num_assistant_tokens=ctx.scenario.gamma,
+            num_assistant_tokens_schedule="constant",
+            assistant_confidence_threshold=0.0,
+        )
+        translator = AssistantVocabTranslatorCache.get_translator(
+            target_tokenizer,
+            assistant_tokenizer,
+            ctx.target.config.vocab_size,
+            assistant_model=assistant,
+            assistant_prune_lm_head=True,
+        )
+        # generate() does this too: a pruned head's logits are not indexed by token id.
+        assistant.generation_config.repetition_penalty = None
+
+        def draft(input_ids):
+            # A fresh generator per trial: each trial is the first drafting round after the prompt.
+            # The translator (and the pruned assistant) are shared, as generate() caches them.
+            generator = ctx.generator_class(
+                input_ids=input_ids,
+                assistant_model=assistant,
+                target_tokenizer=target_tokenizer,
+                assistant_tokenizer=assistant_tokenizer,
+                generation_config=ctx.generation_config,
+                model_kwargs={"use_cache": True},
+                atm_translator=translator,
+                inputs_tensor=input_ids,
+                logits_processor=ctx.processors,
+            )
+            return generator.get_candidates(input_ids)
+
+        return FunctionSession(draft)

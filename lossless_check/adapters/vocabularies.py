@@ -1,0 +1,98 @@
+"""Two tokenizers with different vocabularies, and a drafter stub that speaks the assistant's one.
+
+For the generators that translate between tokenizers (``UniversalSpeculativeDecodingGenerator``,
+``AssistedCandidateGeneratorDifferentTokenizers``). Both tokenizers are word-level, built in memory
+with the ``tokenizers`` library: every target token is one word, so text round-trips exactly. The
+assistant's vocabulary holds every target word under a different id, plus words the target does
+not know, so the generator must really map ids and drop the assistant-only words.
+
+The drafter table is re-expressed over the assistant's ids (columns, and rows of a Markov table,
+moved to where each word lives there); assistant-only words get finite logits, so a generator
+that fails to exclude them would draft them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..stubs import FixedLogitsLM, fixed_logits_lm
+from ..tables import FixedLogits
+
+#: Words the assistant knows and the target does not.
+ASSISTANT_ONLY_WORDS = ("zz0", "zz1")
+
+
+def target_words(vocab_size: int) -> list[str]:
+    """Word ``i`` is target token ``i``."""
+    return [f"w{i}" for i in range(vocab_size)]
+
+
+def assistant_words(vocab_size: int) -> list[str]:
+    """Word ``i`` is assistant token ``i``: the target's words reversed, assistant-only words interleaved."""
+    words = target_words(vocab_size)[::-1]
+    words.insert(1, ASSISTANT_ONLY_WORDS[0])
+    words.insert(len(words) // 2, ASSISTANT_ONLY_WORDS[1])
+    return words
+
+
+def word_level_tokenizer(words: list[str]):
+    """A ``PreTrainedTokenizerFast`` whose token ``i`` is ``words[i]`` (whitespace-separated words).
+
+    ``get_vocab()`` of a fast tokenizer iterates in the order of a Rust hash map, which changes from
+    call to call; code that depends on that order (the vocabulary translator does) would make runs
+    irreproducible. This tokenizer returns its vocabulary in alphabetical order of the words: one
+    fixed order, as a tokenizer backed by a sorted ``vocab.json`` would give, and not the id order.
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    class AlphabeticalVocabTokenizer(PreTrainedTokenizerFast):
+        def get_vocab(self) -> dict[str, int]:
+            return dict(sorted(super().get_vocab().items()))
+
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=None))
+    # With no decoder set, decoding joins the words with single spaces: text round-trips exactly.
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return AlphabeticalVocabTokenizer(tokenizer_object=backend)
+
+
+def assistant_table(drafter: FixedLogits, words: list[str], only_word_logit: float = 0.0) -> FixedLogits:
+    """``drafter`` (over target ids) re-expressed over the assistant ids of ``words``."""
+    vocab = drafter.vocab_size
+    target_id = {w: i for i, w in enumerate(target_words(vocab))}
+    # Column j of the assistant table is the drafter column of the same word (assistant-only: a constant).
+    columns = np.full((drafter.rows.shape[0], len(words)), only_word_logit)
+    for assistant_id, word in enumerate(words):
+        if word in target_id:
+            columns[:, assistant_id] = drafter.rows[:, target_id[word]]
+    if drafter.kind != "markov":
+        return FixedLogits(drafter.kind, columns)
+    # A Markov row is chosen by the previous token: index rows by the previous word's assistant id.
+    rows = np.stack([columns[target_id.get(word, 0)] for word in words])
+    return FixedLogits("markov", rows)
+
+
+class EmbeddingRoutedLM(FixedLogitsLM):
+    """A :class:`FixedLogitsLM` that reads its input through its input embedding and writes through its head.
+
+    Tokens are recovered from the (one-hot) input embedding and logits go through the output
+    embedding, as in a real model: when a translator swaps in a re-indexing embedding or a pruned
+    head (``set_input_embeddings``/``set_output_embeddings``), the stub sees exactly what a real
+    model would.
+    """
+
+    def forward(self, input_ids: torch.LongTensor | None = None, **kwargs):
+        tokens = self.get_input_embeddings()(input_ids).argmax(dim=-1)
+        out = super().forward(tokens, **kwargs)
+        out.logits = self.get_output_embeddings()(out.logits)
+        return out
+
+
+def assistant_lm(drafter: FixedLogits, prompt_length: int, vocab_size: int, **generation_defaults) -> EmbeddingRoutedLM:
+    """The assistant stub over the assistant vocabulary of a ``vocab_size``-token target."""
+    table = assistant_table(drafter, assistant_words(vocab_size))
+    plain = fixed_logits_lm(table, prompt_length=prompt_length, **generation_defaults)
+    model = EmbeddingRoutedLM(plain.config).eval()
+    model.generation_config = plain.generation_config
+    return model

@@ -1,0 +1,210 @@
+"""Adapters for the other built-in generators: each runs the real ``get_candidates`` around stubs.
+
+Every verdict here comes from the installed ``transformers``. Where a real generator is not
+lossless, the test says why with the code lines, and checks the observed law against the law the
+defect predicts (so the harness is shown to measure the defect, not some artefact of its own).
+"""
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from lossless_check.adapters import ADAPTERS, resolve_generator
+from lossless_check.adapters.early_exit import EXIT_LAYER, early_exit_model_for
+from lossless_check.expected import ExactLaws, first_token_law
+from lossless_check.runner import Case, StepCase, run
+from lossless_check.scenarios import DEFAULT, IID
+from lossless_check.stats import Stratum, law_test
+from lossless_check.stubs import fixed_logits_lm
+from lossless_check.warpers import capture_processors
+
+TOP_K = {"top_k": 3}
+ALPHA = 1e-6
+
+
+def run_one(name, samples, scenario=IID, warpers=TOP_K, seed=0):
+    return run([Case(resolve_generator(name), warpers, scenario=scenario)], samples, ALPHA, seed=seed).cases[0]
+
+
+def session_for(name, scenario=IID, warpers=TOP_K):
+    step = StepCase(Case(resolve_generator(name), warpers, scenario=scenario))
+    return step, ADAPTERS[name].session(step.context())
+
+
+def laws(scenario, warpers):
+    target = fixed_logits_lm(scenario.target, len(scenario.prompt))
+    processors, _ = capture_processors(target, torch.tensor([scenario.prompt]), warpers, 64)
+    return ExactLaws(scenario, processors)
+
+
+def first_token_law_as_torch_computes(p, q_sampled, q_returned):
+    """:func:`first_token_law`, for drafts the returned q gives probability 0, as the verifier's floats do.
+
+    ``_speculative_sampling`` accepts when ``r <= p / q``: with ``q = 0`` that is ``p / 0 = inf``
+    (accepted) when ``p > 0`` but ``0 / 0 = nan`` (rejected) when ``p = 0``, where
+    ``first_token_law`` accepts. A draft that is always rejected is one never accepted: its mass
+    goes to the residual, which ``first_token_law`` gives every mass it does not accept.
+    """
+    always_rejected = (q_returned == 0) & (p == 0)
+    return first_token_law(p, np.where(always_rejected, 0.0, q_sampled), q_returned)
+
+
+def assert_first_token_follows(case, predicted):
+    """The observed first-token law is the one ``predicted`` (a law test at ALPHA must not reject)."""
+    counts = np.rint(np.asarray(case.empirical_law) * case.samples).astype(np.int64)
+    test = law_test([Stratum(counts, predicted)], ALPHA)
+    assert test.support_violations == 0 and test.pvalue > ALPHA, (test.statistic, predicted, case.empirical_law)
+
+
+# --- EarlyExitCandidateGenerator -------------------------------------------------------------
+
+
+def test_early_exit_is_lossless():
+    case = run_one("EarlyExitCandidateGenerator", 1000)
+    assert case.verdict == "lossless", case.reason
+    # Drafts come from the drafter table (the lowered depth), not from the target's own table.
+    assert case.expected_acceptance_rate < 0.6
+    assert "acceptance_law" not in case.failed_checks
+
+
+def test_early_exit_stub_emits_the_drafter_table_only_below_full_depth():
+    step = StepCase(Case(resolve_generator("EarlyExitCandidateGenerator"), TOP_K, scenario=IID))
+    model = early_exit_model_for(step.context())
+    prompt = step.prompt_ids
+    full = model(prompt).logits[0, -1]
+    model.model.config.num_hidden_layers = EXIT_LAYER
+    early = model(prompt).logits[0, -1]
+    assert torch.allclose(full, torch.tensor(IID.target.rows[0], dtype=torch.float32))
+    assert torch.allclose(early, torch.tensor(IID.drafter.rows[0], dtype=torch.float32))
+
+
+# --- UniversalSpeculativeDecodingGenerator ---------------------------------------------------
+
+
+def _translator_permutation():
+    """``perm[t]``: the target token whose q the real translator returns in target slot ``t``."""
+    from transformers.generation.candidate_generator import AssistantVocabTranslatorCache
+
+    from lossless_check.adapters.vocabularies import assistant_lm, assistant_words, target_words, word_level_tokenizer
+
+    vocab = IID.vocab_size
+    words = assistant_words(vocab)
+    assistant = assistant_lm(IID.drafter, len(IID.prompt), vocab)
+    translator = AssistantVocabTranslatorCache.get_translator(
+        word_level_tokenizer(target_words(vocab)), word_level_tokenizer(words), vocab,
+        assistant_model=assistant, assistant_prune_lm_head=True,
+    )
+    # Hidden state h[a] = target id of assistant word a: each pruned logit names its own word.
+    hidden = torch.tensor([float(target_words(vocab).index(w)) if w.startswith("w") else -1.0 for w in words])
+    pruned = assistant.get_output_embeddings()(hidden[None, None])
+    return translator.get_target_logits(pruned)[0, 0].long().numpy()
+
+
+@pytest.mark.skipif(not transformers.__version__.startswith("5.23"), reason="evidence read in transformers 5.23")
+def test_universal_speculative_decoding_5_23_is_not_lossless_because_pruned_logits_are_scattered_in_the_wrong_order():
+    """The returned q is the drafted q with its vocabulary permuted.
+
+    transformers 5.23, ``generation/candidate_generator.py``:
+
+    - lines 724-730: the assistant's LM head is pruned to rows ``assistant_overlap_token_ids =
+      list(target_to_assistant_input_ids.values())``, i.e. in the iteration order of
+      ``assistant_tokenizer.get_vocab()`` (line 760, filled at line 786);
+    - lines 830-833 (``get_target_logits``): pruned logit ``k`` is written to target id
+      ``_assistant_to_target_input_ids[mask][k]``, i.e. in increasing *assistant id* order;
+    - line 816 (``get_target_ids``) maps draft ``k`` through ``assistant_overlap_token_ids``,
+      the vocabulary order, so the drafted token and its returned q disagree unless ``get_vocab()``
+      iterates in id order. A fast tokenizer's ``get_vocab()`` iterates in hash-map order (it even
+      changes between calls), so in practice the order is arbitrary.
+
+    The stub tokenizers iterate alphabetically (fixed, for reproducibility): target slot ``t`` then
+    holds the q of word ``7 - t``. The observed first-token law is the one Algorithm 1 gives with
+    drafts from q and that permuted q as "q"; with an id-ordered vocabulary (next test) it is lossless.
+    """
+    perm = _translator_permutation()
+    assert (perm != np.arange(IID.vocab_size)).any()  # the defect, white-box
+
+    case = run_one("UniversalSpeculativeDecodingGenerator", 1000)
+    assert case.verdict == "not_lossless", case.reason
+    assert "output_law@1" in case.failed_checks
+    exact = laws(IID, TOP_K)
+    p, q = exact.target(), exact.drafter()
+    assert_first_token_follows(case, first_token_law_as_torch_computes(p, q, q[perm]))
+
+
+def test_universal_speculative_decoding_is_lossless_when_the_vocabulary_iterates_in_id_order(monkeypatch):
+    """Control for the test above: the same run, with ``get_vocab()`` in id order, is lossless."""
+    import lossless_check.adapters.universal as universal
+
+    build = universal.word_level_tokenizer
+
+    def id_ordered(words):
+        tokenizer = build(words)
+        vocab = tokenizer.get_vocab
+        tokenizer.get_vocab = lambda: dict(sorted(vocab().items(), key=lambda item: item[1]))
+        return tokenizer
+
+    monkeypatch.setattr(universal, "word_level_tokenizer", id_ordered)
+    case = run_one("UniversalSpeculativeDecodingGenerator", 1000)
+    assert case.verdict == "lossless", case.reason
+    assert "acceptance_law" not in case.failed_checks  # the pruned assistant drafts from the drafter table
+
+
+# --- Generators without candidate_logits -----------------------------------------------------
+
+
+def test_different_tokenizers_drafts_but_returns_no_q_so_step_mode_reports_an_error():
+    step, session = session_for("AssistedCandidateGeneratorDifferentTokenizers")
+    candidates, logits = session.draft(step.prompt_ids)
+    assert candidates.shape[1] == len(IID.prompt) + IID.gamma and logits is None  # real re-tokenized drafts
+    case = run_one("AssistedCandidateGeneratorDifferentTokenizers", 50)
+    assert case.verdict == "error" and "returned no candidate_logits" in case.reason
+
+
+def test_prompt_lookup_copies_an_earlier_ngram_but_returns_no_q_so_step_mode_reports_an_error():
+    _, session = session_for("PromptLookupCandidateGenerator")
+    candidates, logits = session.draft(torch.tensor([[3, 1, 4, 2, 3, 1]]))
+    assert candidates[0, 6:].tolist() == [4, 2, 3] and logits is None  # the continuation of "3 1"
+    case = run_one("PromptLookupCandidateGenerator", 50)
+    assert case.verdict == "error" and "returned no candidate_logits" in case.reason
+
+
+# --- MTPCandidateGenerator -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scenario", [IID, DEFAULT], ids=lambda s: s.name)
+def test_mtp_is_lossless(scenario):
+    case = run_one("MTPCandidateGenerator", 1000, scenario=scenario)
+    assert case.verdict == "lossless", case.reason
+    assert "acceptance_law" not in case.failed_checks
+
+
+# --- SinglePositionMultiTokenCandidateGenerator ----------------------------------------------
+
+
+@pytest.mark.skipif(not transformers.__version__.startswith("5.23"), reason="evidence read in transformers 5.23")
+def test_single_position_multi_token_5_23_is_not_lossless_because_it_drafts_argmax_and_returns_raw_logits_as_q():
+    """A greedy drafter whose returned q is a full softmax.
+
+    transformers 5.23, ``generation/candidate_generator.py``, drafting loop of ``get_candidates``
+    (lines 1331-1348): each draft is ``outputs.logits.argmax(dim=-1)`` (line 1344) and the returned
+    ``candidate_logits`` are the assistant's raw ``outputs.logits`` (line 1347; no logits
+    processors: the constructor, lines 1250-1276, takes none). ``_assisted_decoding``
+    (``generation/utils.py`` line 4103, ``if do_sample and candidate_logits is not None``) then runs
+    ``_speculative_sampling`` with q = softmax(raw logits), while the drafts were drawn from a
+    point mass on the argmax.
+
+    The observed first-token law is the one Algorithm 1 gives with drafts from that point mass and
+    softmax(raw drafter logits) as "q".
+    """
+    case = run_one("SinglePositionMultiTokenCandidateGenerator", 1000)
+    assert case.verdict == "not_lossless", case.reason
+    p = laws(IID, TOP_K).target()
+    raw = IID.drafter.rows[0]
+    softmax = np.exp(raw - raw.max()) / np.exp(raw - raw.max()).sum()
+    assert_first_token_follows(case, first_token_law(p, np.eye(IID.vocab_size)[raw.argmax()], softmax))
+
+
+def test_single_position_cannot_express_a_per_position_drafter():
+    case = run_one("SinglePositionMultiTokenCandidateGenerator", 50, scenario=DEFAULT)
+    assert case.verdict == "skipped" and "per_position" in case.reason
