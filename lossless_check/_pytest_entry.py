@@ -1,0 +1,149 @@
+"""pytest plugin of lossless-check, registered through the ``pytest11`` entry point ``lossless_check``.
+
+Loaded by every pytest run in an environment where lossless-check is installed, so importing it is
+cheap: no torch, no transformers (the first ``lossless.check`` of a session imports them). Disable
+it with ``-p no:lossless_check``.
+
+- Options (group ``lossless-check``): ``--lossless-alpha`` (family-wise false-failure rate of the
+  session, default 1e-6), ``--lossless-samples`` (trials per check, default 5000),
+  ``--lossless-seed`` (default 0), ``--lossless-report PATH`` (JSON of every check of the session,
+  the schema of ``lossless-check run --json``).
+- The ``lossless`` fixture (:class:`lossless_check.pytest_plugin.Lossless`): ``check(...)`` returns
+  a ``CaseResult``, ``assert_lossless(...)`` fails with a readable explanation.
+- The ``lossless`` marker tags tests that use the harness. Tests requesting the fixture get it
+  automatically, so ``-m "not lossless"`` deselects every statistical test; the tagged tests are the
+  ones the session's alpha is shared among (see :mod:`lossless_check.pytest_plugin`).
+- A report-header line (seed, alpha, samples, transformers version) and a terminal-summary section
+  listing every check and its verdict.
+- pytest-xdist: workers send their checks to the controller, which prints and writes them all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import pytest
+
+from .pytest_plugin import DEFAULT_ALPHA, DEFAULT_SAMPLES, DEFAULT_SEED, Lossless, SessionState
+
+_STATE = pytest.StashKey[SessionState]()
+_WORKER_KEY = "lossless_check_records"
+_VERDICT_MARKUP = {"lossless": {"green": True}, "not_lossless": {"red": True, "bold": True},
+                   "error": {"yellow": True}, "skipped": {}}
+
+
+def _probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must lie strictly between 0 and 1")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("lossless-check",
+                            "lossless-check: statistical checks that speculative decoding is lossless")
+    group.addoption("--lossless-alpha", type=_probability, default=DEFAULT_ALPHA, metavar="ALPHA",
+                    help=f"family-wise false-failure rate of all checks in the session (default {DEFAULT_ALPHA:g})")
+    group.addoption("--lossless-samples", type=_positive_int, default=DEFAULT_SAMPLES, metavar="N",
+                    help=f"trials per check unless the check says otherwise (default {DEFAULT_SAMPLES})")
+    group.addoption("--lossless-seed", type=int, default=DEFAULT_SEED, metavar="SEED",
+                    help=f"seed of every check's random stream (default {DEFAULT_SEED})")
+    group.addoption("--lossless-report", metavar="PATH", default=None,
+                    help="write every check of the session as JSON (the schema of lossless-check run --json)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "lossless: the test runs lossless-check cases and shares the session's --lossless-alpha; added "
+        "automatically to tests that request the lossless fixture (deselect them all with -m 'not lossless')",
+    )
+    config.stash[_STATE] = SessionState(
+        alpha=config.getoption("lossless_alpha"),
+        samples=config.getoption("lossless_samples"),
+        seed=config.getoption("lossless_seed"),
+        report=config.getoption("lossless_report"),
+    )
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    state = config.stash[_STATE]
+    try:
+        transformers = version("transformers")
+    except PackageNotFoundError:
+        transformers = "not installed"
+    return (f"lossless-check: seed {state.seed}, family alpha {state.alpha:g}, {state.samples} samples per check, "
+            f"transformers {transformers}")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # tryfirst: before -m deselects, so that -m "not lossless" sees the marker.
+    for item in items:
+        if "lossless" in getattr(item, "fixturenames", ()) and item.get_closest_marker("lossless") is None:
+            item.add_marker("lossless")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    session.config.stash[_STATE].budgeted = frozenset(
+        item.nodeid for item in session.items if item.get_closest_marker("lossless") is not None)
+
+
+@pytest.fixture
+def lossless(request: pytest.FixtureRequest) -> Lossless:
+    """Run lossless-check cases: ``lossless.check(generator, warpers="top_k=3", scenario="iid8", samples=None)``
+    returns a ``CaseResult``; ``lossless.assert_lossless(...)`` fails the test with a readable explanation."""
+    return Lossless(request.config.stash[_STATE], request.node.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    config = session.config
+    state = config.stash[_STATE]
+    if hasattr(config, "workeroutput"):
+        config.workeroutput[_WORKER_KEY] = state.records
+    elif state.report:
+        path = Path(state.report)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(state.report_document(), indent=2) + "\n")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """pytest-xdist, on the controller: merge a finished worker's checks."""
+    node.config.stash[_STATE].records.extend(node.workeroutput.get(_WORKER_KEY, []))
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    state = config.stash[_STATE]
+    if not state.records:
+        return
+    records = state.sorted_records()
+    terminalreporter.write_sep("=", f"lossless-check: {len(records)} checks, family alpha {state.alpha:g}, "
+                                    f"seed {state.seed}")
+    for r in records:
+        terminalreporter.write(f"{r['verdict']:<13}", **_VERDICT_MARKUP.get(r["verdict"], {}))
+        terminalreporter.write_line(
+            f"{r['generator']} [{r['warpers']}] {r['scenario']}  n={r['samples']}  TV {_fmt(r['tv'], '.4f')}  "
+            f"p={_fmt(r['p_value'], '.2g')}  alpha {_fmt(r['alpha_case'], '.2g')}  {r['test']}")
+    if state.report:
+        terminalreporter.write_line(f"report: {state.report}")

@@ -1,0 +1,235 @@
+"""Pre-merge gate: one generator across a warper matrix, with reports for a pull request.
+
+:func:`gate` runs the cases and writes, into one folder:
+
+- ``report.json``: the JSON report (:func:`lossless_check.report.to_json`);
+- ``report.md``: Markdown for a PR comment (headline, failing cases, the full table folded);
+- ``report.html``: a self-contained page (figures embedded as base64 PNG) with a summary grid
+  generator x warper stack coloured by verdict and, for each failing case, the expected vs
+  empirical output law at position 1, the acceptance law vs theory, and the provenance table.
+
+matplotlib draws the figures and is imported only when the HTML is written.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from .runner import CaseResult, RunResult
+
+REPORT_NAMES = ("report.json", "report.md", "report.html")
+FAILING = ("not_lossless", "error")
+_MARK = {"lossless": "✅", "not_lossless": "❌", "error": "⚠️", "skipped": "⏭️"}
+_COLOUR = {"lossless": "#c8e6c9", "not_lossless": "#ef9a9a", "error": "#ffe082", "skipped": "#e0e0e0"}
+
+
+def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "default", modes: tuple[str, ...] = ("all",),
+         samples: int = 20_000, alpha: float = 1e-6, seed: int = 0, scenario: str = "markov8", workers: int = 1,
+         progress: Callable[[int], None] | None = None) -> int:
+    """Run ``generator_spec`` over a warper matrix, write the three reports into ``out_dir``, return the exit code.
+
+    ``modes`` are :mod:`lossless_check.modes` modes; the default ``all`` is the statistical step
+    mode with the exact provenance sub-verdict beside it. The exit code is
+    :attr:`RunResult.exit_code` (0 every case lossless, 1 otherwise, 3 if every case errored). Bad
+    input raises :class:`lossless_check.errors.UsageError`.
+    """
+    from .adapters import resolve_generator
+    from .errors import UsageError
+    from .matrix import matrix
+    from .modes import run_modes
+    from .runner import Case
+    from .scenarios import SCENARIOS
+
+    if scenario not in SCENARIOS:
+        raise UsageError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
+    generator = resolve_generator(generator_spec)
+    cases = [Case(generator, stack, mode, SCENARIOS[scenario]) for mode in modes for stack in matrix(matrix_name)]
+    result = run_modes(cases, samples, alpha, seed, workers, progress)
+    write_reports(result, out_dir, title=generator_spec)
+    return result.exit_code
+
+
+def write_reports(result: RunResult, out_dir: str | Path, title: str) -> list[Path]:
+    """Write ``report.json``, ``report.md`` and ``report.html`` into ``out_dir``; return their paths."""
+    from .report import to_json
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = to_json(result)
+    texts = (json.dumps(doc, indent=2) + "\n", to_markdown(result, doc, title), to_html(result, doc, title))
+    paths = [out / name for name in REPORT_NAMES]
+    for path, text in zip(paths, texts):
+        path.write_text(text, encoding="utf-8")
+    return paths
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _headline(result: RunResult) -> str:
+    failing = sum(c.verdict in FAILING for c in result.cases)
+    if failing:
+        return f"not lossless: {failing} of {len(result.cases)} cases fail"
+    return f"lossless: all {sum(c.verdict == 'lossless' for c in result.cases)} checked cases pass"
+
+
+def _context(result: RunResult, doc: dict) -> str:
+    return (f"transformers {doc['transformers_version']} · torch {doc['torch_version']} · family alpha "
+            f"{result.alpha_family:g} · seed {result.seed} · {result.samples} samples per case")
+
+
+_COLUMNS = ("generator", "warpers", "mode", "verdict", "n", "TV", "detectable TV", "p (Holm)", "accept", "theory")
+
+
+def _row(c: CaseResult) -> list[str]:
+    return [c.generator, c.warpers, c.mode, c.verdict, str(c.samples or "-"), _fmt(c.tv, ".4f"),
+            _fmt(c.tv_detectable, ".4f"), _fmt(c.p_value_adjusted, ".2g"), _fmt(c.acceptance_rate, ".3f"),
+            _fmt(c.expected_acceptance_rate, ".3f")]
+
+
+def to_markdown(result: RunResult, doc: dict, title: str) -> str:
+    """Markdown for a PR comment: a headline, one line per failing case, the full table in a fold."""
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    mark = "❌" if any(c.verdict in FAILING for c in result.cases) else "✅"
+    lines = [f"### {mark} lossless-check gate: `{title}` — {_headline(result)}", "", _context(result, doc), ""]
+    for c in result.cases:
+        if c.verdict in FAILING:
+            lines.append(f"- {_MARK[c.verdict]} **{c.generator}** `{c.warpers}` ({c.mode}): {cell(c.reason)}")
+    lines += ["", "<details><summary>All cases</summary>", "",
+              "| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
+    for c in result.cases:
+        values = _row(c)
+        values[3] = f"{_MARK.get(c.verdict, '')} {c.verdict}"
+        lines.append("| " + " | ".join(cell(v) for v in values) + " |")
+    lines += ["", "</details>", ""]
+    return "\n".join(lines)
+
+
+def _png(fig) -> str:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _bars(title: str, xlabel: str, expected: list[float], empirical: list[float]) -> str:
+    """Grouped bars, expected beside empirical, as a base64 PNG."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 3.0))
+    ax = fig.subplots()
+    x = range(len(expected))
+    ax.bar([i - 0.2 for i in x], expected, 0.4, label="expected", color="#90a4ae")
+    ax.bar([i + 0.2 for i in x], empirical, 0.4, label="empirical", color="#e53935")
+    ax.set_xticks(list(x))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("probability")
+    ax.set_title(title)
+    ax.legend()
+    return _png(fig)
+
+
+def _figure(png: str, alt: str, caption: str) -> str:
+    return (f'<figure><img src="data:image/png;base64,{png}" alt="{html.escape(alt)}">'
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+
+
+def _provenance_table(provenance: dict) -> str:
+    e = html.escape
+    head = f"<p>provenance: <b>{e(str(provenance.get('verdict')))}</b> — {e(str(provenance.get('reason', '')))}</p>"
+    positions = provenance.get("positions") or []
+    if not positions:
+        return head
+    columns = ("position", "rule", "max_abs_diff", "tv", "foreign_mass", "inflation", "consistent")
+
+    def cell(value) -> str:
+        return e(format(value, ".4g") if isinstance(value, float) else str(value))
+
+    rows = "".join("<tr>" + "".join(f"<td>{cell(p.get(k))}</td>" for k in columns) + "</tr>" for p in positions)
+    return (f'{head}<table class="cases provenance"><tr>{"".join(f"<th>{c}</th>" for c in columns)}</tr>'
+            f"{rows}</table>")
+
+
+def _failing_section(index: int, c: CaseResult) -> str:
+    e = html.escape
+    name = f"{c.generator} [{c.warpers}] ({c.mode})"
+    parts = [f'<section id="case-{index}"><h3>{_MARK[c.verdict]} {e(name)}: {e(c.verdict)}</h3>',
+             f"<p>{e(c.reason)}</p>"]
+    if c.failed_checks:
+        parts.append(f"<p>failed sub-checks: <code>{e(', '.join(c.failed_checks))}</code></p>")
+    if c.expected_law is not None and c.empirical_law is not None:
+        png = _bars(f"output law at position 1 (TV {_fmt(c.tv, '.4f')}, n={c.samples})", "token",
+                    c.expected_law, c.empirical_law)
+        parts.append(_figure(png, f"position-1 distribution of {name}",
+                             "Output law at position 1: expected (target after warpers) vs empirical."))
+    if c.acceptance_law is not None and c.expected_acceptance_law is not None:
+        png = _bars(f"acceptance law (rate {_fmt(c.acceptance_rate, '.3f')} vs theory "
+                    f"{_fmt(c.expected_acceptance_rate, '.3f')})", "accepted drafts (n_matches)",
+                    c.expected_acceptance_law, c.acceptance_law)
+        parts.append(_figure(png, f"acceptance law of {name}", "Accepted drafts per round: theory vs empirical."))
+    if c.provenance:
+        parts.append(_provenance_table(c.provenance))
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _grid(result: RunResult, anchors: dict[int, int]) -> str:
+    e = html.escape
+    rows = list(dict.fromkeys(f"{c.generator} ({c.mode})" for c in result.cases))
+    stacks = list(dict.fromkeys(c.warpers for c in result.cases))
+    cells = {(f"{c.generator} ({c.mode})", c.warpers): (i, c) for i, c in enumerate(result.cases)}
+    out = ['<table class="grid"><tr><th>generator (mode) \\ warpers</th>']
+    out += [f"<th><code>{e(s)}</code></th>" for s in stacks] + ["</tr>"]
+    for row in rows:
+        out.append(f"<tr><th>{e(row)}</th>")
+        for stack in stacks:
+            if (row, stack) not in cells:
+                out.append("<td></td>")
+                continue
+            i, c = cells[(row, stack)]
+            label = e(c.verdict)
+            if i in anchors:
+                label = f'<a href="#case-{anchors[i]}">{label}</a>'
+            out.append(f'<td class="v-{e(c.verdict)}" title="{e(c.reason)}">{label}</td>')
+        out.append("</tr>")
+    out.append("</table>")
+    return "".join(out)
+
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #212121; }
+table { border-collapse: collapse; margin: 1em 0; }
+th, td { border: 1px solid #bdbdbd; padding: 0.25em 0.5em; font-size: 0.9em; }
+table.cases td { text-align: right; }
+table.grid td { text-align: center; }
+figure { display: inline-block; margin: 0.5em 1em 0.5em 0; }
+figcaption { font-size: 0.85em; color: #616161; }
+section { border-top: 1px solid #e0e0e0; padding-top: 0.5em; }
+""" + "".join(f".v-{verdict} {{ background: {colour}; }}\n" for verdict, colour in _COLOUR.items())
+
+
+def to_html(result: RunResult, doc: dict, title: str) -> str:
+    """A self-contained HTML report: summary grid, a section with figures per failing case, the full table."""
+    e = html.escape
+    failing = [(i, c) for i, c in enumerate(result.cases) if c.verdict in FAILING]
+    anchors = {i: n for n, (i, _) in enumerate(failing)}
+    body = [f"<h1>lossless-check gate: <code>{e(title)}</code></h1>",
+            f"<p><b>{e(_headline(result))}</b></p><p>{e(_context(result, doc))}</p>",
+            "<h2>Summary</h2>", _grid(result, anchors)]
+    if failing:
+        body.append("<h2>Failing cases</h2>")
+        body += [_failing_section(anchors[i], c) for i, c in failing]
+    body.append('<h2>All cases</h2><table class="cases"><tr>' + "".join(f"<th>{c}</th>" for c in _COLUMNS) + "</tr>")
+    for c in result.cases:
+        body.append(f'<tr class="v-{e(c.verdict)}">' + "".join(f"<td>{e(v)}</td>" for v in _row(c)) + "</tr>")
+    body.append("</table>")
+    return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>lossless-check gate: {e(title)}'
+            f"</title><style>{_STYLE}</style></head><body>{''.join(body)}</body></html>\n")

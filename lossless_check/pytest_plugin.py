@@ -1,0 +1,198 @@
+"""The ``lossless`` fixture of the pytest plugin, its family-wise error control and its messages.
+
+The hooks live in :mod:`lossless_check._pytest_entry` (the ``pytest11`` entry point); this module
+holds what they hand out. Importing either pulls in neither torch nor transformers: the harness is
+imported by the first :meth:`Lossless.check` of a session.
+
+Family-wise error control
+-------------------------
+A pytest session is one family: the chance that *any* check of a correct generator fails stays
+below ``--lossless-alpha``, however many checks the tests make and however pytest-xdist schedules
+them. Check ``k`` (1, 2, ... in the order the test body makes them) of a test gets
+
+    alpha(test, k) = alpha / M * 6 / (pi**2 * k**2)
+
+where ``M`` is the number of *budgeted* tests: the collected tests (after ``-k``/``-m``
+deselection) that request the ``lossless`` fixture or carry the ``lossless`` marker. By the union
+bound the family rate is at most ``sum_tests alpha/M * sum_k 6/(pi**2 k**2) = alpha``, whatever
+the dependence between checks. Nothing needs to know in advance how many checks a test makes.
+
+Why this and not spending over the i-th check of the session: that index depends on the order in
+which tests run, which differs between workers and runs under xdist, so the same check would get a
+different alpha (and maybe a different verdict) from run to run. Here every input is
+scheduling-free: every xdist worker collects the same tests (xdist refuses to run otherwise), so
+``M`` is the same everywhere, and ``k`` is fixed by the test's own code. A check's data do not
+depend on scheduling either: its random stream is a function of ``--lossless-seed`` and the case
+alone (:func:`lossless_check.runner.case_seed`). So a check has the same alpha, p-value and verdict
+under ``pytest``, ``pytest -n 2`` and the CLI command its failure message prints; a rerun of a
+failed test repeats the same data and adds no chance of a false failure.
+
+A test that obtains the fixture dynamically (``request.getfixturevalue("lossless")``) is not seen
+at collection: it must carry ``@pytest.mark.lossless`` to be budgeted, and its checks fail with a
+message saying so otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from .runner import CaseResult
+
+#: ``sum_{k>=1} SPENDING / k**2 == 1``.
+SPENDING = 6 / math.pi**2
+
+DEFAULT_ALPHA = 1e-6
+DEFAULT_SAMPLES = 5000
+DEFAULT_SEED = 0
+
+
+def check_alpha(alpha_family: float, budgeted_tests: int, index: int) -> float:
+    """Alpha of the ``index``-th check (1-based) of a test, among ``budgeted_tests`` budgeted tests."""
+    return alpha_family / budgeted_tests * SPENDING / index**2
+
+
+def reproduce_command(spec: str, warpers: str, scenario: str, samples: int, seed: int, alpha: float) -> str:
+    """The ``lossless-check run`` command that repeats a check exactly: same data, same alpha, same verdict.
+
+    Run it from the directory pytest was run from (a ``module:attr`` generator is imported from there).
+    """
+    args = ["lossless-check", "run", "--generator", spec, "--warpers", warpers, "--mode", "step",
+            "--scenario", scenario, "--samples", str(samples), "--seed", str(seed), "--alpha", repr(alpha)]
+    return shlex.join(args)
+
+
+_EXACT_CHECKS = {
+    "support": "support: emitted a token the target gives probability 0",
+    "impossible_draft": "impossible_draft: drafted a token its returned candidate_logits give probability 0",
+}
+
+
+def failure_message(result: CaseResult, command: str) -> str:
+    """A short explanation of a verdict other than ``lossless``: what failed, by how much, how to reproduce."""
+    where = f"under warpers [{result.warpers}] (scenario {result.scenario}"
+    if result.verdict == "error":
+        return f"{result.generator} could not be checked {where}): {result.reason}\nreproduce: {command}"
+    lines = [f"{result.generator} is not lossless {where}, {result.samples} samples, alpha {result.alpha_case:.3g})",
+             f"  failed sub-checks: {', '.join(result.failed_checks)}"]
+    lines += [f"  {_EXACT_CHECKS[c]}" for c in result.failed_checks if c in _EXACT_CHECKS]
+    for p in result.positions:
+        if f"output_law@{p['position']}" in result.failed_checks:
+            lines.append(f"  output law at position {p['position']}: TV {p['tv']:.4f} > threshold "
+                         f"{p['tv_threshold']:.4f} (p={p['p_value']:.2g}, n={p['samples']})")
+    if result.expected_acceptance_rate is not None:
+        excess = result.acceptance_rate - result.expected_acceptance_rate
+        law = "differs from theory" if "acceptance_law" in result.failed_checks else "agrees with theory"
+        lines.append(f"  acceptance rate {result.acceptance_rate:.3f} vs theory {result.expected_acceptance_rate:.3f}: "
+                     f"excess {excess:+.3f} (acceptance law {law}, p={result.acceptance_p_value:.2g})")
+    lines.append(f"reproduce: {command}")
+    return "\n".join(lines)
+
+
+@dataclass
+class SessionState:
+    """Options, budget and checked cases of one pytest session (one per process; merged on the xdist controller)."""
+
+    alpha: float
+    samples: int
+    seed: int
+    report: str | None
+    budgeted: frozenset[str] = frozenset()
+    #: One JSON-ready dict per check: the report's case entry plus ``test`` (node id), ``check`` (index in the
+    #: test), ``generator_spec`` and ``reproduce`` (the CLI command).
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    def alpha_for(self, nodeid: str, index: int) -> float:
+        """The alpha of a test's ``index``-th check; fails the test if it is not budgeted."""
+        if nodeid not in self.budgeted:
+            pytest.fail(f"{nodeid} is not counted in the lossless-check alpha budget: it gets the lossless "
+                        "fixture dynamically; mark it @pytest.mark.lossless", pytrace=False)
+        return check_alpha(self.alpha, len(self.budgeted), index)
+
+    def sorted_records(self) -> list[dict[str, Any]]:
+        """Records in a scheduling-free order: by test id, then check index."""
+        return sorted(self.records, key=lambda r: (r["test"], r["check"]))
+
+    def report_document(self) -> dict:
+        """The ``--lossless-report`` document: every check of the session, in the schema of ``report.to_json``."""
+        from .report import to_json
+        from .runner import RunResult
+
+        doc = to_json(RunResult([], self.alpha, self.seed, self.samples))
+        doc["cases"] = self.sorted_records()
+        return doc
+
+
+class Lossless:
+    """The ``lossless`` fixture: run lossless-check cases from a test.
+
+    Every check is one step-mode case at its share of the session's family-wise alpha (see the
+    module docstring), recorded for the terminal summary and ``--lossless-report``.
+    """
+
+    def __init__(self, state: SessionState, nodeid: str):
+        self._state = state
+        self._nodeid = nodeid
+        self._checks = 0
+
+    def check(self, generator: str | type, warpers: str | dict[str, Any] = "top_k=3", scenario: str = "iid8",
+              samples: int | None = None) -> CaseResult:
+        """Run one case and return its :class:`~lossless_check.runner.CaseResult` with the verdict decided.
+
+        ``generator`` is a built-in class name (``"DFlashTokenCandidateGenerator"``), a ``"module:attr"``
+        spec, or a class importable as ``module:qualname``. ``warpers`` is a spec (``"top_k=3,temperature=0.7"``,
+        ``"none"``) or a dict of ``GenerationConfig`` keyword arguments. ``samples`` defaults to
+        ``--lossless-samples``. Bad input raises :class:`lossless_check.errors.UsageError`.
+        """
+        return self._run(generator, warpers, scenario, samples)[0]
+
+    def _run(self, generator, warpers, scenario, samples) -> tuple[CaseResult, str]:
+        from .adapters import resolve_generator
+        from .errors import UsageError
+        from .report import to_json
+        from .runner import Case, RunResult, decide, run_case
+        from .scenarios import SCENARIOS
+        from .warpers import parse_warpers, validate_warpers
+
+        self._checks += 1
+        alpha = self._state.alpha_for(self._nodeid, self._checks)
+        spec = generator if isinstance(generator, str) else f"{generator.__module__}:{generator.__qualname__}"
+        if isinstance(warpers, str):
+            stack = parse_warpers(warpers)
+        else:
+            stack = dict(warpers)
+            validate_warpers(stack)
+        if scenario not in SCENARIOS:
+            raise UsageError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
+        samples = self._state.samples if samples is None else samples
+        if not isinstance(samples, int) or samples < 1:
+            raise UsageError(f"samples must be a positive integer, got {samples!r}")
+        case = Case(resolve_generator(spec), stack, "step", SCENARIOS[scenario])
+        result = run_case(case, samples, self._state.seed, alpha)
+        decide([result], alpha)
+        record = to_json(RunResult([result], alpha, self._state.seed, samples))["cases"][0]
+        record.update(test=self._nodeid, check=self._checks, generator_spec=spec,
+                      reproduce=reproduce_command(spec, case.warper_spec, scenario, samples, self._state.seed, alpha))
+        self._state.records.append(record)
+        return result, record["reproduce"]
+
+    def assert_lossless(self, generator: str | type, warpers: str | dict[str, Any] = "top_k=3",
+                        scenario: str = "iid8", samples: int | None = None) -> CaseResult:
+        """:meth:`check`, then fail the test with a short explanation unless the verdict is ``lossless``.
+
+        The explanation names the failed sub-checks (``support``, ``output_law@j``, ``acceptance_law``),
+        the TV at each failing position, the acceptance excess over theory, the warper stack, and the
+        ``lossless-check run`` command that reproduces the check. A generator missing from the
+        installed transformers skips the test.
+        """
+        result, command = self._run(generator, warpers, scenario, samples)
+        if result.verdict == "skipped":
+            pytest.skip(result.reason)
+        if result.verdict != "lossless":
+            pytest.fail(failure_message(result, command), pytrace=False)
+        return result

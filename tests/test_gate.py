@@ -1,0 +1,69 @@
+"""The gate's reports: JSON, Markdown for a PR comment, self-contained HTML with figures."""
+
+import base64
+import json
+import re
+
+import pytest
+
+from lossless_check.gate import gate, to_html, to_markdown, write_reports
+from lossless_check.runner import CaseResult, RunResult
+
+pytest.importorskip("matplotlib")
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _result() -> RunResult:
+    good = CaseResult("Gen", "none", "all", "markov8", verdict="lossless", samples=100, tv=0.01, tv_detectable=0.1,
+                      p_value_adjusted=1.0, acceptance_rate=0.5, expected_acceptance_rate=0.5,
+                      reason="TV 0.0100")
+    bad = CaseResult("Gen", "top_k=3", "all", "markov8", verdict="not_lossless", samples=100, tv=0.2,
+                     tv_detectable=0.1, p_value_adjusted=1e-9, acceptance_rate=0.7, expected_acceptance_rate=0.5,
+                     acceptance_law=[0.1, 0.2, 0.3, 0.4], expected_acceptance_law=[0.25, 0.25, 0.25, 0.25],
+                     empirical_law=[0.5, 0.5, 0, 0], expected_law=[0.25, 0.25, 0.25, 0.25],
+                     failed_checks=["output_law@1"], reason="output law at position 1: TV 0.2 > threshold 0.1",
+                     provenance={"verdict": "inconsistent", "reason": "returned raw logits",
+                                 "positions": [{"position": 1, "rule": "sampled", "max_abs_diff": 0.3, "tv": 0.2,
+                                                "foreign_mass": 0.1, "inflation": 1.25, "consistent": False}]})
+    error = CaseResult("Gen", "top_p=0.7|x", "all", "markov8", verdict="error", reason="get_candidates raised")
+    return RunResult([good, bad, error], 1e-6, 0, 100)
+
+
+def test_reports_show_grid_figures_and_provenance(tmp_path):
+    paths = write_reports(_result(), tmp_path, title="mymod:Gen")
+    assert [p.name for p in paths] == ["report.json", "report.md", "report.html"]
+    assert [c["verdict"] for c in json.loads(paths[0].read_text())["cases"]] == ["lossless", "not_lossless", "error"]
+
+    page = paths[2].read_text()
+    grid = page[page.index('<table class="grid">'):page.index("</table>")]
+    assert grid.count('class="v-lossless"') == 1 and grid.count('class="v-not_lossless"') == 1
+    assert '<a href="#case-0">not_lossless</a>' in grid and '<a href="#case-1">error</a>' in grid
+    images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    assert len(images) == 2  # position-1 law and acceptance law of the failing case; none for the error
+    assert all(base64.b64decode(i).startswith(PNG_SIGNATURE) for i in images)
+    assert "Output law at position 1" in page and "Accepted drafts per round" in page
+    assert "provenance: <b>inconsistent</b>" in page and "<td>1.25</td>" in page
+    assert "http" not in page.replace("http-equiv", "")  # self-contained
+
+    markdown = paths[1].read_text()
+    assert markdown.startswith("### ❌ lossless-check gate: `mymod:Gen` — not lossless: 2 of 3 cases fail")
+    assert "- ❌ **Gen** `top_k=3` (all): output law at position 1" in markdown
+    assert "| Gen | top_p=0.7\\|x | all | ⚠️ error |" in markdown
+
+
+def test_all_lossless_headline():
+    result = _result()
+    result.cases = result.cases[:1]
+    doc = {"transformers_version": "5", "torch_version": "2"}
+    assert "✅ lossless-check gate: `g` — lossless: all 1 checked cases pass" in to_markdown(result, doc, "g")
+    assert "Failing cases" not in to_html(result, doc, "g")
+
+
+def test_gate_runs_a_matrix_and_writes_reports(tmp_path):
+    code = gate("DFlashTokenCandidateGenerator", tmp_path, matrix_name="smoke", samples=200)
+    doc = json.loads((tmp_path / "report.json").read_text())
+    # mode "all": step statistics with the provenance sub-verdict beside them
+    assert len(doc["cases"]) == 3 and all(c["mode"] == "step" and c["provenance"] for c in doc["cases"])
+    assert code == (1 if any(c["verdict"] != "lossless" for c in doc["cases"]) else 0)
+    assert (tmp_path / "report.html").read_text().startswith("<!doctype html>")

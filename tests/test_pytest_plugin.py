@@ -1,0 +1,156 @@
+"""The pytest plugin as a downstream repository uses it: entry point, options, fixture, marker,
+summary, report, and pytest-xdist."""
+
+import json
+import math
+import shlex
+import subprocess
+import sys
+from importlib.metadata import entry_points, version
+from pathlib import Path
+
+import pytest
+
+from lossless_check.cli import build_parser
+from lossless_check.pytest_plugin import check_alpha, failure_message, reproduce_command
+from lossless_check.runner import CaseResult
+
+pytest_plugins = ["pytester"]
+
+MUTANT_SOURCE = Path(__file__).parents[1] / "fixtures" / "mutants" / "dflash_raw_logits.py"
+
+DOWNSTREAM_TESTS = """
+from mygen import DFlashReturnsRawLogits
+
+
+def test_builtin_dflash_is_lossless(lossless):
+    result = lossless.assert_lossless("DFlashTokenCandidateGenerator", warpers="top_k=3")
+    assert result.verdict == "lossless" and result.samples == 5000
+
+
+def test_raw_logits_mutant_is_lossless(lossless):
+    lossless.assert_lossless(DFlashReturnsRawLogits, warpers="top_k=3")
+
+
+def test_unrelated():
+    pass
+"""
+
+
+def test_entry_point_is_registered_and_imports_no_torch():
+    points = {e.name: e.value for e in entry_points(group="pytest11")}
+    assert points.get("lossless_check") == "lossless_check._pytest_entry"
+    code = ("import lossless_check._pytest_entry, sys; "
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, sorted(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_options_marker_and_header(pytester):
+    help_text = pytester.runpytest("--help").stdout.str()
+    assert "lossless-check:" in help_text
+    for option in ("--lossless-alpha", "--lossless-samples", "--lossless-seed", "--lossless-report"):
+        assert option in help_text
+    pytester.runpytest("--markers").stdout.fnmatch_lines(["@pytest.mark.lossless: *"])
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    result = pytester.runpytest("--lossless-seed", "7", "--lossless-alpha", "1e-3")
+    result.stdout.fnmatch_lines([f"lossless-check: seed 7, family alpha 0.001, 5000 samples per check, "
+                                 f"transformers {version('transformers')}"])
+    result.stdout.no_fnmatch_line("*lossless-check: * checks*")
+    bad = pytester.runpytest("--lossless-alpha", "2")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    bad.stderr.fnmatch_lines(["*--lossless-alpha*must lie strictly between 0 and 1*"])
+
+
+def test_session_without_checks_stays_light(pytester):
+    pytester.makepyfile("""
+        import sys
+
+        def test_no_heavy_imports():
+            assert "torch" not in sys.modules and "transformers" not in sys.modules
+    """)
+    pytester.runpytest_subprocess("-p", "no:benchmark").assert_outcomes(passed=1)
+
+
+def test_marker_is_added_and_unbudgeted_checks_fail(pytester):
+    pytester.makepyfile(test_static="""
+        def test_uses_fixture(lossless):
+            pass
+
+        def test_plain():
+            pass
+    """, test_dynamic="""
+        def test_dynamic(request):
+            request.getfixturevalue("lossless").check("DFlashTokenCandidateGenerator")
+    """)
+    pytester.runpytest("-m", "not lossless", "test_static.py").assert_outcomes(passed=1, deselected=1)
+    result = pytester.runpytest("test_dynamic.py")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*test_dynamic* is not counted in the lossless-check alpha budget*"
+                                 "mark it @pytest.mark.lossless"])
+
+
+def test_alpha_spending_stays_within_the_family_rate():
+    assert check_alpha(1e-6, 1, 1) == pytest.approx(1e-6 * 6 / math.pi**2)
+    assert check_alpha(1e-6, 4, 3) == pytest.approx(1e-6 / 4 * 6 / math.pi**2 / 9)
+    spent = sum(check_alpha(1e-6, 5, k) for _ in range(5) for k in range(1, 100_000))
+    assert spent < 1e-6
+
+
+def test_reproduce_command_is_the_same_case_for_the_cli():
+    alpha = check_alpha(1e-6, 3, 2)
+    command = reproduce_command("my mod:Gen", "top_k=3,temperature=0.7", "iid8", 5000, 11, alpha)
+    args = build_parser().parse_args(shlex.split(command)[1:])
+    assert (args.generator, args.warpers, args.mode, args.scenario, args.samples, args.seed, args.alpha) == (
+        ["my mod:Gen"], ["top_k=3,temperature=0.7"], "step", "iid8", 5000, 11, alpha)
+
+
+def test_failure_message_for_a_generator_error():
+    result = CaseResult("Gen", "top_k=3", "step", "iid8", verdict="error", reason="get_candidates raised ValueError")
+    assert failure_message(result, "lossless-check run ...") == (
+        "Gen could not be checked under warpers [top_k=3] (scenario iid8): get_candidates raised ValueError\n"
+        "reproduce: lossless-check run ...")
+
+
+def _run_downstream(pytester, *args):
+    """Run the downstream suite; check its outcome, messages, summary and report; return the report's cases."""
+    report = pytester.path / f"report{len(args)}.json"
+    result = pytester.runpytest("-p", "no:benchmark", "--lossless-report", str(report), *args)
+    result.assert_outcomes(passed=2, failed=1)
+    alpha = 1e-6 / 2 * 6 / math.pi**2  # two budgeted tests, one check each
+    result.stdout.fnmatch_lines([
+        "lossless-check: seed 0, family alpha 1e-06, 5000 samples per check, transformers *",
+        "*_ test_raw_logits_mutant_is_lossless _*",
+        f"DFlashReturnsRawLogits is not lossless under warpers [[]top_k=3[]] (scenario iid8, 5000 samples, "
+        f"alpha {alpha:.3g})",
+        "  failed sub-checks: output_law@1*",
+        "  output law at position 1: TV * > threshold * (p=*, n=5000)",
+        "  acceptance rate * vs theory *: excess +* (acceptance law *)",
+        "reproduce: lossless-check run --generator mygen:DFlashReturnsRawLogits --warpers top_k=3 --mode step "
+        f"--scenario iid8 --samples 5000 --seed 0 --alpha {alpha!r}",
+        "*= lossless-check: 2 checks, family alpha 1e-06, seed 0 =*",
+        "lossless     DFlashTokenCandidateGenerator [[]top_k=3[]] iid8  n=5000  TV *test_builtin_dflash_is_lossless",
+        "not_lossless DFlashReturnsRawLogits [[]top_k=3[]] iid8  n=5000  TV *test_raw_logits_mutant_is_lossless",
+        f"report: {report}",
+    ])
+    doc = json.loads(report.read_text())
+    assert doc["alpha_family"] == 1e-6 and doc["seed"] == 0 and doc["transformers_version"]
+    cases = doc["cases"]
+    assert [(c["test"], c["generator"], c["verdict"]) for c in cases] == [
+        ("test_downstream.py::test_builtin_dflash_is_lossless", "DFlashTokenCandidateGenerator", "lossless"),
+        ("test_downstream.py::test_raw_logits_mutant_is_lossless", "DFlashReturnsRawLogits", "not_lossless"),
+    ]
+    assert all(c["alpha_case"] == alpha and c["samples"] == 5000 and c["warpers"] == "top_k=3" for c in cases)
+    return cases
+
+
+def test_downstream_suite_serial_and_xdist(pytester, monkeypatch):
+    """A correct generator passes, a mutant fails readably; under -n 2 the merged report has the same checks."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    pytester.makepyfile(mygen=MUTANT_SOURCE.read_text(), test_downstream=DOWNSTREAM_TESTS)
+    serial = _run_downstream(pytester)
+    parallel = _run_downstream(pytester, "-n", "2")
+
+    def statistics(cases):
+        return [{k: v for k, v in c.items() if k not in ("seconds", "samples_per_second")} for c in cases]
+
+    assert statistics(parallel) == statistics(serial)
