@@ -1,0 +1,282 @@
+"""Mutation self-test: the harness must flag every known bug class and pass every equivalent change.
+
+:data:`MUTANTS` is the catalog of ``fixtures/mutants`` generators, each with the warper stack and
+scenario under which its bug bites. For a real bug, :func:`exact_tv` gives the exact (float64)
+total variation its output law has at the first position the bug reaches, from an independent
+model of what it samples and what it returns (the ``drafts`` field): that is the size of effect the
+harness has to see, and :func:`samples_needed` turns it into a sample size through the harness's
+own power bound. :func:`mutation_report` runs every mutant through :func:`lossless_check.runner.run`
+in step mode; ``python -m lossless_check.mutation`` prints the table.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+import torch
+
+from .adapters import resolve_generator
+from .expected import ExactLaws, first_token_law
+from .runner import POWER, STEP_MAX_NEW_TOKENS, Case, run
+from .scenarios import SCENARIOS
+from .stats import samples_for_tv
+from .stubs import fixed_logits_lm
+from .warpers import capture_processors, format_warpers
+
+#: ``(laws, prefix) -> (q_sampled, q_returned)``: the law a mutant draws the draft after ``prefix``
+#: from, and the law its returned logits claim, both over the processed vocabulary.
+DraftModel = Callable[[ExactLaws, tuple], tuple[np.ndarray, np.ndarray]]
+
+
+class Mutant(NamedTuple):
+    """One catalog entry. ``position``: first output position (1-based) the bug reaches."""
+
+    spec: str
+    warpers: dict[str, Any]
+    scenario: str
+    equivalent: bool
+    bug: str
+    position: int = 1
+    drafts: DraftModel | None = None
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    weights = np.exp(logits - np.max(logits))
+    return weights / weights.sum()
+
+
+def _raw(laws: ExactLaws, prefix: tuple) -> np.ndarray:
+    """The drafter's unprocessed law after ``prefix``."""
+    history = laws.scenario.prompt + prefix
+    return _softmax(laws.scenario.drafter.logits(len(prefix), history[-1]))
+
+
+def _renormalised(q: np.ndarray, support: np.ndarray) -> np.ndarray:
+    kept = np.where(support, q, 0.0)
+    return kept / kept.sum()
+
+
+def _raw_logits(laws, prefix):
+    return laws.drafter(prefix), _raw(laws, prefix)
+
+
+def _greedy(laws, prefix):
+    q = laws.drafter(prefix)
+    return np.eye(len(q))[np.argmax(q)], q
+
+
+def _shifted(laws, prefix):
+    # The next draft's q; which token extends the prefix is irrelevant under history-free warpers.
+    return laws.drafter(prefix), laws.drafter(prefix + (0,))
+
+
+def _draft_temperature_not_in_q(laws, prefix):
+    temperature = resolve_generator(DRAFT_TEMPERATURE_NOT_IN_Q).generator_class.draft_temperature
+    raw = _raw(laws, prefix)  # registered without warpers: the processed law is the raw one
+    return _softmax(np.log(raw) / temperature), raw
+
+
+def _permuted(laws, prefix):
+    q = laws.drafter(prefix)
+    return q, np.roll(q, 1)
+
+
+def _truncated(laws, prefix):
+    q = laws.drafter(prefix)
+    return q, _renormalised(q, np.arange(len(q)) < len(q) - 1)
+
+
+def _wider_support(laws, prefix):
+    q, raw = laws.drafter(prefix), _raw(laws, prefix)
+    support = q > 0
+    support[np.argmax(np.where(support, -1.0, raw))] = True
+    return q, _renormalised(raw, support)
+
+
+def _ignores_repetition_penalty(laws, prefix):
+    # Registered with the repetition penalty as the only processor that changes anything.
+    return _raw(laws, prefix), laws.drafter(prefix)
+
+
+RAW = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
+DRAFT_TEMPERATURE_NOT_IN_Q = "fixtures.mutants.dflash_draft_temperature:DFlashDraftTemperatureNotInQ"
+_RAW_BUG = "samples from the processed logits, returns the raw logits as q"
+
+MUTANTS: list[Mutant] = [
+    Mutant(RAW, {"top_k": 2}, "iid8", False, _RAW_BUG + " (top-k)", drafts=_raw_logits),
+    Mutant(RAW, {"top_p": 0.7}, "iid8", False, _RAW_BUG + " (top-p)", drafts=_raw_logits),
+    Mutant(RAW, {"min_p": 0.35}, "iid8", False, _RAW_BUG + " (min-p)", drafts=_raw_logits),
+    Mutant(RAW, {"temperature": 0.5}, "iid8", False, _RAW_BUG + " (temperature)", drafts=_raw_logits),
+    Mutant("fixtures.mutants.dflash_greedy_draft:DFlashGreedyDraft", {}, "iid8", False,
+           "drafts the argmax, returns the softmax as q", drafts=_greedy),
+    Mutant("fixtures.mutants.assisted_greedy_draft:AssistedGreedyDraft", {}, "iid8", False,
+           "assistant decodes greedily (do_sample=False), its scores returned as q", drafts=_greedy),
+    Mutant("fixtures.mutants.dflash_shifted_q:DFlashShiftedQ", {}, "markov8", False,
+           "q of draft i is the q of draft i+1 (off by one position)", drafts=_shifted),
+    Mutant(DRAFT_TEMPERATURE_NOT_IN_Q, {}, "iid8", False,
+           "private draft temperature applied to the draft, not to q", drafts=_draft_temperature_not_in_q),
+    Mutant("fixtures.mutants.dflash_vocabulary:DFlashPermutedVocabQ", {}, "iid8", False,
+           "q over a permuted vocabulary (ids off by one)", drafts=_permuted),
+    Mutant("fixtures.mutants.dflash_vocabulary:DFlashTruncatedVocabQ", {}, "iid8", False,
+           "q over a truncated vocabulary (last token -inf in q only)", drafts=_truncated),
+    Mutant("fixtures.mutants.dflash_vocabulary:DFlashQOverWiderSupport", {"top_k": 2}, "iid8", False,
+           "q renormalised over one token more than the drafter samples from", drafts=_wider_support),
+    Mutant("fixtures.mutants.dflash_repetition_penalty:DFlashDraftIgnoresRepetitionPenalty",
+           {"repetition_penalty": 3.0}, "markov8", False,
+           "drafts ignore the (history-dependent) repetition penalty that q applies",
+           drafts=_ignores_repetition_penalty),
+    Mutant("fixtures.mutants.dflash_later_drafts:DFlashRawQAfterFirstDraft", {"temperature": 0.5}, "iid8", False,
+           "q processed for the first draft only, raw from the second on", position=2, drafts=_raw_logits),
+    Mutant("fixtures.mutants.dflash_draft_temperature:DFlashDraftTemperature", {}, "iid8", True,
+           "private draft temperature, applied to q too"),
+    Mutant("fixtures.mutants.dflash_equivalent:DFlashLogSoftmaxQ", {"top_k": 2}, "iid8", True,
+           "returns log_softmax of the processed logits"),
+    Mutant("fixtures.mutants.dflash_equivalent:DFlashOffsetQ", {"repetition_penalty": 3.0}, "markov8", True,
+           "adds a constant to every logit of q"),
+    Mutant("fixtures.mutants.dflash_equivalent:DFlashFloat64Q", {"top_p": 0.7}, "iid8", True,
+           "returns the processed logits in float64"),
+]
+
+
+def exact_laws(mutant: Mutant) -> ExactLaws:
+    """The exact laws of the mutant's case, through the processors ``generate()`` builds for it."""
+    scenario = SCENARIOS[mutant.scenario]
+    target = fixed_logits_lm(scenario.target, prompt_length=len(scenario.prompt))
+    processors, _ = capture_processors(target, torch.tensor([scenario.prompt]), mutant.warpers, STEP_MAX_NEW_TOKENS)
+    return ExactLaws(scenario, processors)
+
+
+def _reach(laws: ExactLaws, depth: int) -> list[tuple[tuple, float]]:
+    """Accepted draft prefixes of length ``depth`` and their probabilities, for a correct drafter."""
+    prefixes = [((), 1.0)]
+    for _ in range(depth):
+        prefixes = [(prefix + (int(x),), weight * float(overlap[x]))
+                    for prefix, weight in prefixes
+                    for overlap in [np.minimum(laws.target(prefix), laws.drafter(prefix))]
+                    for x in np.flatnonzero(overlap > 0)]
+    return prefixes
+
+
+def exact_tv(mutant: Mutant) -> float | None:
+    """Exact sample-weighted TV of the output law at ``mutant.position``, as the runner measures it.
+
+    0 for an equivalent mutant; ``None`` if the mutant has no model. The bug must not act before
+    ``mutant.position``: earlier drafts are accepted as from a correct drafter. Trials are grouped
+    by their exact target law, as :meth:`lossless_check.runner.StepCase.position_strata` does.
+    """
+    if mutant.equivalent:
+        return 0.0
+    if mutant.drafts is None:
+        return None
+    laws = exact_laws(mutant)
+    strata: dict[bytes, list] = {}
+    for prefix, weight in _reach(laws, mutant.position - 1):
+        p = laws.target(prefix)
+        emitted = first_token_law(p, *mutant.drafts(laws, prefix))
+        entry = strata.setdefault(p.tobytes(), [p, 0.0, np.zeros_like(p)])
+        entry[1] += weight
+        entry[2] += weight * emitted
+    total = sum(weight for _, weight, _ in strata.values())
+    return float(sum(0.5 * np.abs(mix - weight * p).sum() for p, weight, mix in strata.values()) / total)
+
+
+def samples_needed(mutant: Mutant, alpha: float) -> int | None:
+    """Trials after which the runner is sure, with probability ``POWER``, to catch the mutant.
+
+    The smaller of two guarantees: the statistical one (the runner's own worst-case power bound,
+    :func:`lossless_check.stats.samples_for_tv`, at the per-position share of ``alpha``, divided by
+    the probability of reaching ``mutant.position``) and the exact one (some trial drafts a token
+    its returned q gives probability 0). ``None`` for an equivalent mutant or one without a model.
+    """
+    tv = exact_tv(mutant)
+    if not tv:
+        return None
+    scenario = SCENARIOS[mutant.scenario]
+    laws = exact_laws(mutant)
+    reached = _reach(laws, mutant.position - 1)
+    per_position = samples_for_tv(tv, scenario.vocab_size, alpha / (scenario.gamma + 1), POWER)
+    statistical = math.ceil(per_position / sum(weight for _, weight in reached))
+    impossible = sum(weight * q_sampled[q_returned == 0].sum()
+                     for prefix, weight in reached
+                     for q_sampled, q_returned in [mutant.drafts(laws, prefix)])
+    if impossible == 0:
+        return statistical
+    return min(statistical, math.ceil(math.log(1.0 / (1.0 - POWER)) / impossible))
+
+
+def run_mutant(mutant: Mutant, samples: int, seed: int, alpha: float) -> dict:
+    """Run one mutant through the step-mode runner and say whether the harness got it right."""
+    case = Case(resolve_generator(mutant.spec), mutant.warpers, mode="step", scenario=SCENARIOS[mutant.scenario])
+    result = run([case], samples, alpha, seed).cases[0]
+    at = next((p for p in result.positions if p["position"] == mutant.position), {})
+    return {
+        "mutant": result.generator,
+        "spec": mutant.spec,
+        "warpers": format_warpers(mutant.warpers),
+        "scenario": mutant.scenario,
+        "equivalent": mutant.equivalent,
+        "bug": mutant.bug,
+        "verdict": result.verdict,
+        "caught": result.verdict == "not_lossless",
+        "correct": result.verdict == ("lossless" if mutant.equivalent else "not_lossless"),
+        "failed_checks": result.failed_checks,
+        "p_value": result.p_value,
+        "position": mutant.position,
+        "tv": at.get("tv"),
+        "tv_detectable": at.get("tv_detectable"),
+        "exact_tv": exact_tv(mutant),
+        "samples": result.samples,
+        "samples_at_position": at.get("samples"),
+        "reason": result.reason,
+        "positions": result.positions,
+    }
+
+
+def mutation_report(samples: int, seed: int, alpha: float) -> list[dict]:
+    """Every mutant of :data:`MUTANTS`, each its own run at family rate ``alpha``."""
+    return [run_mutant(m, samples, seed, alpha) for m in MUTANTS]
+
+
+def print_mutation_report(rows: list[dict], console=None) -> None:
+    """The mutation table: one row per mutant, then the mutants the harness got wrong."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    table = Table(title="lossless-check mutation report (step mode)", title_justify="left")
+    for column in ("mutant", "warpers", "scenario", "kind", "verdict", "failed checks", "pos", "TV",
+                   "exact TV", "detectable TV", "n", "outcome"):
+        table.add_column(column, justify="right" if column in ("pos", "TV", "exact TV", "detectable TV", "n") else "left")
+
+    def fmt(value):
+        return "-" if value is None else f"{value:.4f}"
+
+    for row in rows:
+        if row["equivalent"]:
+            outcome = "[green]passed[/]" if row["correct"] else "[bold red]FALSE ALARM[/]"
+        else:
+            outcome = "[green]caught[/]" if row["correct"] else "[bold red]MISSED[/]"
+        table.add_row(
+            row["mutant"], row["warpers"], row["scenario"], "equivalent" if row["equivalent"] else "bug",
+            row["verdict"], ", ".join(row["failed_checks"]) or "-", str(row["position"]), fmt(row["tv"]),
+            fmt(row["exact_tv"]), fmt(row["tv_detectable"]), str(row["samples"]), outcome,
+        )
+    console.print(table)
+    for row in rows:
+        if not row["correct"]:
+            console.print(f"[bold red]{row['mutant']}[/] [{row['warpers']}]: {row['bug']}: {row['reason']}", highlight=False)
+    right = sum(row["correct"] for row in rows)
+    console.print(f"{right}/{len(rows)} mutants judged right", highlight=False)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Run the mutation self-test and print its table.")
+    parser.add_argument("--samples", type=int, default=5000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--alpha", type=float, default=1e-6)
+    args = parser.parse_args()
+    print_mutation_report(mutation_report(args.samples, args.seed, args.alpha))
