@@ -205,6 +205,10 @@ def test_single_position_multi_token_5_23_is_not_lossless_because_it_drafts_argm
     assert_first_token_follows(case, first_token_law(p, np.eye(IID.vocab_size)[raw.argmax()], softmax))
 
 
-def test_single_position_cannot_express_a_per_position_drafter():
-    case = run_one("SinglePositionMultiTokenCandidateGenerator", 50, scenario=DEFAULT)
-    assert case.verdict == "skipped" and "per_position" in case.reason
+def test_single_position_drafts_each_rows_argmax_and_returns_the_raw_rows():
+    """White-box side of the defect above, on the per-position drafter of the default scenario."""
+    step, session = session_for("SinglePositionMultiTokenCandidateGenerator", scenario=DEFAULT, warpers={})
+    candidates, logits = session.draft(step.prompt_ids)
+    rows = DEFAULT.drafter.rows[: DEFAULT.gamma]
+    assert candidates[0, len(DEFAULT.prompt):].tolist() == rows.argmax(axis=1).tolist()
+    assert np.allclose(logits[0].numpy(), rows, atol=1e-6)

@@ -6,9 +6,11 @@ The real generator accepts only an assistant whose class name contains ``Gemma4A
 ``[target embedding of the last token, last hidden state]`` at one constant position and keeps
 the assistant's ``logits`` as the returned ``candidate_logits``.
 
-The assistant stub's logits are the drafter table's row for the token its input embedding
-encodes (the target's embedding is one-hot). Its position never moves, so it cannot tell which
-draft it is on: only ``iid`` and ``markov`` drafter tables apply.
+The assistant stub's logits are the drafter table's row for the token it drafts. Its position
+never moves, so, as a real assistant does, it learns where it is from its input: the previous
+token from the target's (one-hot) embedding, and how many tokens it has drafted since the target
+last ran from the hidden state, whose first channel counts them (the target stub's hidden state
+is zero; each assistant step adds one).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class SharedKVOutput(ModelOutput):
 
 
 class FixedLogitsGemma4AssistantStub(PreTrainedModel):
-    """Assistant stub: logits from the drafter table, hidden state = logits (identity head)."""
+    """Assistant stub: logits from the drafter table; its hidden state counts the drafts made."""
 
     config_class = FixedLogitsConfig
 
@@ -59,18 +61,33 @@ class FixedLogitsGemma4AssistantStub(PreTrainedModel):
         if shared_kv_states is None:
             raise ValueError("a Gemma 4 assistant works from the target's shared_kv_states")
         vocab = self.config.vocab_size
-        # The first half of the input is the target's (one-hot) embedding of the last token.
+        # Input: [target's one-hot embedding of the last token, hidden state].
         previous = inputs_embeds[..., :vocab].argmax(dim=-1)
-        index = previous if self.config.table_kind == "markov" else torch.zeros_like(previous)
-        logits = self.table_rows[index]
-        return AssistantOutput(logits=logits, last_hidden_state=logits)
+        hidden = inputs_embeds[..., vocab:]
+        drafted = hidden[..., 0].round().long()
+        kind = self.config.table_kind
+        if kind == "markov":
+            index = previous
+        elif kind == "per_position":
+            # position_ids is the last token's position; this draft lands `drafted + 1` after it.
+            index = (position_ids + 1 + drafted - self.config.prompt_length).clamp(0, self.table_rows.shape[0] - 1)
+        else:
+            index = torch.zeros_like(previous)
+        counted = hidden.clone()
+        counted[..., 0] += 1
+        return AssistantOutput(logits=self.table_rows[index], last_hidden_state=counted)
 
 
 class FixedLogitsGemma4TargetStub(FixedLogitsLM):
-    """Target stub that also returns ``shared_kv_states`` (its cached keys and values)."""
+    """Target stub that also returns ``shared_kv_states`` (its cached keys and values).
+
+    Its hidden states are zero: to the assistant stub, "no token drafted since the target ran".
+    """
 
     def forward(self, input_ids=None, return_shared_kv_states: bool = False, **kwargs):
         out = super().forward(input_ids, **kwargs)
+        if out.hidden_states is not None:
+            out.hidden_states = tuple(torch.zeros_like(h) for h in out.hidden_states)
         shared = None
         if return_shared_kv_states:
             states = input_ids.to(torch.float32)[:, None, :, None]
@@ -98,7 +115,6 @@ def target_for(ctx: DraftContext) -> FixedLogitsGemma4TargetStub:
 
 class SinglePositionAdapter(GeneratorAdapter):
     name = "SinglePositionMultiTokenCandidateGenerator"
-    drafter_kinds = ("iid", "markov")
 
     def session(self, ctx: DraftContext) -> FunctionSession:
         assistant = assistant_for(ctx)
