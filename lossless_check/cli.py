@@ -12,6 +12,8 @@ import sys
 from .errors import UsageError
 
 EXIT_OK, EXIT_NOT_LOSSLESS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+#: Trials per case: position 1 then detects a TV of about 0.07 (vocabulary 8, family alpha 1e-6).
+DEFAULT_SAMPLES = 5_000
 
 
 class _Parser(argparse.ArgumentParser):
@@ -56,14 +58,28 @@ def build_parser() -> argparse.ArgumentParser:
                      help="markov8, iid8 (fixed logits), or tiny-llama (random 2-layer Llamas; generate mode only)")
     run.add_argument("--max-new-tokens", type=_positive_int, default=4, metavar="K",
                      help="generate mode: tokens per generate() call, each position tested (default 4)")
-    run.add_argument("--samples", type=_positive_int, default=20_000, help="trials per case (default 20000)")
+    run.add_argument("--samples", type=_positive_int, default=DEFAULT_SAMPLES,
+                     help=f"trials per case (default {DEFAULT_SAMPLES})")
     run.add_argument("--detect-tv", type=_probability, metavar="TV",
                      help="size the run: enough samples per case to detect this TV at position 1 with power 0.99")
+    run.add_argument("--sequential", action="store_true",
+                     help="group-sequential: look at 1000, 2000, 4000, ... samples and stop a case at its first rejection")
     run.add_argument("--alpha", type=_probability, default=1e-6, help="family-wise false-failure rate (default 1e-6)")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--workers", type=_positive_int, default=1, help="processes (results do not depend on it)")
     run.add_argument("--json", metavar="PATH", help="write the JSON report here")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    gate = sub.add_parser("gate", help="pre-merge gate: every mode that applies over a matrix; JSON, Markdown, HTML")
+    gate.add_argument("--generator", required=True, metavar="NAME|module:attr")
+    gate.add_argument("--out", default="lossless-gate", metavar="DIR", help="report directory (default lossless-gate)")
+    gate.add_argument("--matrix", choices=("smoke", "default", "full"), default="default")
+    gate.add_argument("--scenario", default="markov8")
+    gate.add_argument("--samples", type=_positive_int, default=DEFAULT_SAMPLES)
+    gate.add_argument("--alpha", type=_probability, default=1e-6)
+    gate.add_argument("--seed", type=int, default=0)
+    gate.add_argument("--workers", type=_positive_int, default=1)
+    gate.add_argument("--sequential", action="store_true")
+    gate.add_argument("--quiet", action="store_true")
     sub.add_parser("list", help="generators in the installed transformers and their adapters; warper matrices")
     return parser
 
@@ -90,40 +106,68 @@ def _cases(args):
     return [Case(g, w, mode, scenario) for mode in modes for g in generators for w in stacks]
 
 
-def samples_to_detect(cases, tv: float, alpha: float, max_new_tokens: int = 4) -> int:
-    """Samples per case so that each statistical case detects ``tv`` at position 1 with power 0.99."""
-    from .runner import POWER
+def samples_to_detect(cases, tv: float, alpha: float, max_new_tokens: int = 4, sequential: bool = False) -> int:
+    """Samples per case so that each statistical case detects ``tv`` at position 1 with power 0.99.
+
+    Sequential runs split each case's alpha over their looks, and the number of looks grows with the
+    sample count: iterate to the fixed point.
+    """
+    from .runner import POWER, look_schedule
     from .stats import samples_for_tv
 
     statistical = [c for c in cases if c.mode != "provenance"] or cases
     positions = max(max_new_tokens if c.mode == "generate" else c.scenario.gamma + 1 for c in statistical)
     vocab = max(c.scenario.vocab_size for c in statistical)
-    return samples_for_tv(tv, vocab, alpha / len(statistical) / positions, POWER)
+    alpha_position = alpha / len(statistical) / positions
+    samples = samples_for_tv(tv, vocab, alpha_position, POWER)
+    while sequential:
+        needed = samples_for_tv(tv, vocab, alpha_position / len(look_schedule(samples, True)), POWER)
+        if needed <= samples:
+            break
+        samples = needed
+    return samples
 
 
 def _run(args) -> int:
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from .report import print_table, write_json
     from .modes import run_modes
+    from .report import print_table, write_json
 
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
     cases = _cases(args)
     if args.detect_tv is not None:
-        args.samples = samples_to_detect(cases, args.detect_tv, args.alpha, args.max_new_tokens)
-    console = Console(stderr=True)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=console, disable=args.quiet, transient=True) as progress:
+        args.samples = samples_to_detect(cases, args.detect_tv, args.alpha, args.max_new_tokens, args.sequential)
+    with _progress(args.quiet) as progress:
         task = progress.add_task(f"{len(cases)} cases", total=len(cases) * args.samples)
         result = run_modes(cases, args.samples, args.alpha, args.seed, args.workers,
-                           lambda k: progress.advance(task, k), args.max_new_tokens)
+                           lambda k: progress.advance(task, k), args.max_new_tokens, args.sequential)
     print_table(result, Console(width=None if sys.stdout.isatty() else 160))
     if args.json:
         write_json(result, args.json)
     return result.exit_code
+
+
+def _progress(quiet: bool):
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                    console=Console(stderr=True), disable=quiet, transient=True)
+
+
+def _gate(args) -> int:
+    from rich.console import Console
+
+    from .gate import gate
+
+    with _progress(args.quiet) as progress:
+        task = progress.add_task("gate", total=None)
+        code = gate(args.generator, args.out, matrix_name=args.matrix, samples=args.samples, alpha=args.alpha,
+                    seed=args.seed, scenario=args.scenario, workers=args.workers, sequential=args.sequential,
+                    progress=lambda k: progress.advance(task, k))
+    Console().print(f"gate {'passed' if code == 0 else 'failed'} (exit {code}); reports in {args.out}/"
+                    "report.{json,md,html}", highlight=False)
+    return code
 
 
 def _list() -> int:
@@ -163,6 +207,11 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if args.command == "list":
             return _list()
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()  # generate()'s deprecation chatter is not for the user
+        if args.command == "gate":
+            return _gate(args)
         return _run(args)
     except UsageError as exc:
         print(f"lossless-check: error: {exc}", file=sys.stderr)

@@ -29,13 +29,14 @@ _MARK = {"lossless": "✅", "not_lossless": "❌", "error": "⚠️", "skipped":
 _COLOUR = {"lossless": "#c8e6c9", "not_lossless": "#ef9a9a", "error": "#ffe082", "skipped": "#e0e0e0"}
 
 
-def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "default", modes: tuple[str, ...] = ("all",),
-         samples: int = 20_000, alpha: float = 1e-6, seed: int = 0, scenario: str = "markov8", workers: int = 1,
-         progress: Callable[[int], None] | None = None) -> int:
+def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "default", modes: tuple[str, ...] | None = None,
+         samples: int = 5_000, alpha: float = 1e-6, seed: int = 0, scenario: str = "markov8", workers: int = 1,
+         progress: Callable[[int], None] | None = None, sequential: bool = False) -> int:
     """Run ``generator_spec`` over a warper matrix, write the three reports into ``out_dir``, return the exit code.
 
-    ``modes`` are :mod:`lossless_check.modes` modes; the default ``all`` is the statistical step
-    mode with the exact provenance sub-verdict beside it. The exit code is
+    ``modes`` are :mod:`lossless_check.modes` modes; by default every mode that applies: ``all``
+    (the statistical step mode with the exact provenance sub-verdict beside it) and, for generators
+    ``generate()`` can drive through ``assistant_model=``, ``generate``. The exit code is
     :attr:`RunResult.exit_code` (0 every case lossless, 1 otherwise, 3 if every case errored). Bad
     input raises :class:`lossless_check.errors.UsageError`.
     """
@@ -49,8 +50,10 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
     if scenario not in SCENARIOS:
         raise UsageError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
     generator = resolve_generator(generator_spec)
+    if modes is None:
+        modes = ("all", "generate") if generator.adapter.name == "AssistedCandidateGenerator" else ("all",)
     cases = [Case(generator, stack, mode, SCENARIOS[scenario]) for mode in modes for stack in matrix(matrix_name)]
-    result = run_modes(cases, samples, alpha, seed, workers, progress)
+    result = run_modes(cases, samples, alpha, seed, workers, progress, sequential=sequential)
     write_reports(result, out_dir, title=generator_spec)
     return result.exit_code
 

@@ -115,3 +115,8 @@ def test_pvalues_are_in_range_and_statistic_is_a_tv(weights, seed):
     counts = np.random.default_rng(seed).multinomial(200, p)
     result = law_test([Stratum(counts, p)], 0.01)
     assert 0 <= result.pvalue <= 1 and 0 <= result.statistic <= 1
+
+
+def test_all_samples_outside_the_support_is_a_clean_exact_failure():
+    result = law_test([Stratum(np.array([0, 0, 7]), np.array([0.5, 0.5, 0.0]))], 1e-6)
+    assert result.support_violations == 7 and result.chi2 is None
