@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 
 from .base import DraftContext, FunctionSession, GeneratorAdapter
+from .rounds import rounds_of
 from .vocabularies import assistant_lm, assistant_words, target_words, word_level_tokenizer
 
 
@@ -40,4 +41,4 @@ class DifferentTokenizersAdapter(GeneratorAdapter):
             inputs_tensor=ctx.prompt_ids,
             logits_processor=ctx.processors,
         )
-        return FunctionSession(generator.get_candidates)
+        return FunctionSession(rounds_of(generator))

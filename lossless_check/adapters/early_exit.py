@@ -17,6 +17,7 @@ from torch import nn
 
 from ..stubs import FixedLogitsLM, fixed_logits_lm
 from .base import DraftContext, FunctionSession, GeneratorAdapter
+from .rounds import rounds_of
 
 #: Depth of the stub "at full depth" and the layer the generator exits after.
 FULL_DEPTH = 2
@@ -80,4 +81,4 @@ class EarlyExitAdapter(GeneratorAdapter):
         )
         # As for AssistedCandidateGenerator, one generator serves every trial: each call crops the
         # drafting cache back to the prompt.
-        return FunctionSession(generator.get_candidates)
+        return FunctionSession(rounds_of(generator))

@@ -151,8 +151,10 @@ class MTPAdapter(GeneratorAdapter):
                 model_kwargs={"use_cache": True},
                 logits_processor=ctx.processors,
             )
-        # The same round-after-prefill inputs a DFlash drafter gets: positions and the target's hidden states.
+        # The same round-after-prefill inputs a DFlash drafter gets, with the attention mask generate()
+        # always holds (MtpModel.forward of 5.14 cannot run without one).
         model_kwargs, outputs = dflash_inputs(target, ctx.prompt_ids)
+        model_kwargs["attention_mask"] = torch.ones_like(ctx.prompt_ids)
         # Models hold only weights and are shared; the rest (the MTP cache, the prefill flag) is copied.
         shared_modules = {id(v): v for v in vars(template).values() if isinstance(v, nn.Module)}
 

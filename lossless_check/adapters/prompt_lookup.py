@@ -9,6 +9,7 @@ samples every position itself and keeps the drafts that match.
 from __future__ import annotations
 
 from .base import DraftContext, FunctionSession, GeneratorAdapter
+from .rounds import rounds_of
 
 #: ``generate()``'s default when ``max_matching_ngram_size`` is unset.
 MAX_MATCHING_NGRAM_SIZE = 2
@@ -27,4 +28,4 @@ class PromptLookupAdapter(GeneratorAdapter):
             logits_processor=ctx.processors,
             vocab_size=ctx.target.config.vocab_size,
         )
-        return FunctionSession(generator.get_candidates)
+        return FunctionSession(rounds_of(generator))

@@ -122,7 +122,7 @@ class SinglePositionAdapter(GeneratorAdapter):
         prompt = ctx.prompt_ids
         # The target has run over everything before the last token, which it just sampled.
         outputs = target(prompt[:, :-1], output_hidden_states=True, return_shared_kv_states=True)
-        model_kwargs = {"attention_mask": None}
+        model_kwargs = {"attention_mask": torch.ones_like(prompt)}  # generate() always holds one
 
         def draft(input_ids):
             # A fresh generator per trial: each trial is the first drafting round after prefill.
@@ -130,6 +130,12 @@ class SinglePositionAdapter(GeneratorAdapter):
                 assistant_model=assistant,
                 target_model_input_embeddings=target.get_input_embeddings(),
                 generation_config=ctx.generation_config,
+                # Releases 5.10-5.18 build it on AssistedCandidateGenerator, which takes these too;
+                # later ones accept and ignore them.
+                input_ids=input_ids,
+                model_kwargs=dict(model_kwargs),
+                inputs_tensor=input_ids,
+                logits_processor=ctx.processors,
             )
             return generator.get_candidates(
                 input_ids,

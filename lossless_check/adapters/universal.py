@@ -10,6 +10,7 @@ pruning and re-indexing act on it for real (see :mod:`.vocabularies`).
 from __future__ import annotations
 
 from .base import DraftContext, FunctionSession, GeneratorAdapter
+from .rounds import rounds_of
 from .vocabularies import assistant_lm, assistant_words, target_words, word_level_tokenizer
 
 
@@ -54,6 +55,6 @@ class UniversalAdapter(GeneratorAdapter):
                 inputs_tensor=input_ids,
                 logits_processor=ctx.processors,
             )
-            return generator.get_candidates(input_ids)
+            return rounds_of(generator)(input_ids)
 
         return FunctionSession(draft)
