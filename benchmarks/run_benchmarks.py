@@ -56,7 +56,7 @@ def bare_loop(step: StepCase, trials: int) -> float:
             new_logits = step.target(candidate_ids).logits[:, -gamma - 1 :].to(torch.float32)
             for i in range(gamma + 1):
                 new_logits[:, i, :] = step.processors(candidate_ids[:, : length + i], new_logits[:, i, :])
-            step.verify(candidate_ids, candidate_logits.to(torch.float32), gamma, new_logits)
+            step.verify(candidate_ids, candidate_logits, gamma, new_logits)
     return time.perf_counter() - started
 
 

@@ -80,6 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--workers", type=_positive_int, default=1)
     gate.add_argument("--sequential", action="store_true")
     gate.add_argument("--quiet", action="store_true")
+    mutants = sub.add_parser("mutants", help="mutation self-test: every mutant of fixtures/mutants (run from the repo root)")
+    mutants.add_argument("--samples", type=_positive_int, default=DEFAULT_SAMPLES, help="most trials per mutant")
+    mutants.add_argument("--alpha", type=_probability, default=1e-6)
+    mutants.add_argument("--seed", type=int, default=0)
+    mutants.add_argument("--json", metavar="PATH")
     sub.add_parser("list", help="generators in the installed transformers and their adapters; warper matrices")
     return parser
 
@@ -170,6 +175,20 @@ def _gate(args) -> int:
     return code
 
 
+def _mutants(args) -> int:
+    """Exit 0 when every bug mutant is caught and every equivalent one passes, else 1."""
+    import json
+
+    from .mutation import mutation_report, print_mutation_report
+
+    rows = mutation_report(args.samples, args.seed, args.alpha)
+    print_mutation_report(rows)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump([{k: v for k, v in row.items() if k != "positions"} for row in rows], handle, indent=2)
+    return EXIT_OK if all(row["correct"] for row in rows) else EXIT_NOT_LOSSLESS
+
+
 def _list() -> int:
     from rich.console import Console
     from rich.table import Table
@@ -212,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         hf_logging.set_verbosity_error()  # generate()'s deprecation chatter is not for the user
         if args.command == "gate":
             return _gate(args)
+        if args.command == "mutants":
+            return _mutants(args)
         return _run(args)
     except UsageError as exc:
         print(f"lossless-check: error: {exc}", file=sys.stderr)

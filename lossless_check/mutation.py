@@ -207,9 +207,13 @@ def samples_needed(mutant: Mutant, alpha: float) -> int | None:
 
 
 def run_mutant(mutant: Mutant, samples: int, seed: int, alpha: float) -> dict:
-    """Run one mutant through the step-mode runner and say whether the harness got it right."""
+    """Run one mutant in step mode (group-sequential: stops at the first look that rejects) and in
+    provenance mode, and say whether the harness got it right and at how many samples."""
+    from .provenance import provenance_check
+
     case = Case(resolve_generator(mutant.spec), mutant.warpers, mode="step", scenario=SCENARIOS[mutant.scenario])
-    result = run([case], samples, alpha, seed).cases[0]
+    result = run([case], samples, alpha, seed, sequential=True).cases[0]
+    provenance = provenance_check(case, trials=1, seed=seed)
     at = next((p for p in result.positions if p["position"] == mutant.position), {})
     return {
         "mutant": result.generator,
@@ -220,6 +224,9 @@ def run_mutant(mutant: Mutant, samples: int, seed: int, alpha: float) -> dict:
         "bug": mutant.bug,
         "verdict": result.verdict,
         "caught": result.verdict == "not_lossless",
+        "provenance": provenance.verdict,
+        "caught_by": [mode for mode, hit in (("step", result.verdict == "not_lossless"),
+                                              ("provenance", provenance.verdict == "inconsistent")) if hit],
         "correct": result.verdict == ("lossless" if mutant.equivalent else "not_lossless"),
         "failed_checks": result.failed_checks,
         "p_value": result.p_value,
@@ -247,7 +254,7 @@ def print_mutation_report(rows: list[dict], console=None) -> None:
     console = console or Console()
     table = Table(title="lossless-check mutation report (step mode)", title_justify="left")
     for column in ("mutant", "warpers", "scenario", "kind", "verdict", "failed checks", "pos", "TV",
-                   "exact TV", "detectable TV", "n", "outcome"):
+                   "exact TV", "detectable TV", "n", "provenance", "caught by", "outcome"):
         table.add_column(column, justify="right" if column in ("pos", "TV", "exact TV", "detectable TV", "n") else "left")
 
     def fmt(value):
@@ -261,7 +268,8 @@ def print_mutation_report(rows: list[dict], console=None) -> None:
         table.add_row(
             row["mutant"], row["warpers"], row["scenario"], "equivalent" if row["equivalent"] else "bug",
             row["verdict"], ", ".join(row["failed_checks"]) or "-", str(row["position"]), fmt(row["tv"]),
-            fmt(row["exact_tv"]), fmt(row["tv_detectable"]), str(row["samples"]), outcome,
+            fmt(row["exact_tv"]), fmt(row["tv_detectable"]), str(row["samples"]), row["provenance"],
+            ", ".join(row["caught_by"]) or "-", outcome,
         )
     console.print(table)
     for row in rows:
@@ -270,13 +278,3 @@ def print_mutation_report(rows: list[dict], console=None) -> None:
     right = sum(row["correct"] for row in rows)
     console.print(f"{right}/{len(rows)} mutants judged right", highlight=False)
 
-
-if __name__ == "__main__":
-    import argparse
-
-    parser = argparse.ArgumentParser(description="Run the mutation self-test and print its table.")
-    parser.add_argument("--samples", type=int, default=5000)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--alpha", type=float, default=1e-6)
-    args = parser.parse_args()
-    print_mutation_report(mutation_report(args.samples, args.seed, args.alpha))

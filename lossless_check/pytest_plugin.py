@@ -87,9 +87,12 @@ def failure_message(result: CaseResult, command: str) -> str:
                          f"{p['tv_threshold']:.4f} (p={p['p_value']:.2g}, n={p['samples']})")
     if result.expected_acceptance_rate is not None:
         excess = result.acceptance_rate - result.expected_acceptance_rate
-        law = "differs from theory" if "acceptance_law" in result.failed_checks else "agrees with theory"
+        law = "differs from theory" if "acceptance_law" in result.diagnostics else "agrees with theory"
         lines.append(f"  acceptance rate {result.acceptance_rate:.3f} vs theory {result.expected_acceptance_rate:.3f}: "
                      f"excess {excess:+.3f} (acceptance law {law}, p={result.acceptance_p_value:.2g})")
+    if result.diagnostics:
+        lines.append(f"  diagnostics (assume the drafter samples the processed drafter table): "
+                     f"{', '.join(result.diagnostics)}")
     lines.append(f"reproduce: {command}")
     return "\n".join(lines)
 

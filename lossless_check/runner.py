@@ -41,8 +41,6 @@ from .stats import Stratum, bonferroni_min, holm_correction, law_test, tv_confid
 from .stubs import fixed_logits_lm
 from .warpers import capture_processors, format_warpers
 
-#: Sub-checks that explain a failure but do not define one (they assume the drafter's q).
-DIAGNOSTIC_CHECKS = ("acceptance_law",)
 #: Power at which ``tv_detectable`` is stated.
 POWER = 0.99
 #: ``max_new_tokens`` of the generation config in step mode: far enough that no candidate is cut.
@@ -134,7 +132,10 @@ class CaseResult:
     empirical_law: list[float] | None = None  # position 1
     expected_law: list[float] | None = None  # position 1
     provenance: dict | None = None  # provenance sub-verdict (modes provenance and all)
-    failed_checks: list[str] = field(default_factory=list)
+    failed_checks: list[str] = field(default_factory=list)  # checks that make the verdict not_lossless
+    # Checks that assume the drafter samples the processed drafter table (acceptance law, rejection
+    # residuals): they explain a failure but do not define one, since any honest q is lossless.
+    diagnostics: list[str] = field(default_factory=list)
     positions: list[dict] = field(default_factory=list)
     reason: str = ""
     seconds: float = 0.0
@@ -158,8 +159,8 @@ class CaseResult:
             parts.append(f"TV {self.tv:.4f}; would detect TV >= {self.tv_detectable:.4f} with power {POWER}")
         if self.expected_acceptance_rate is not None:
             excess = self.acceptance_rate - self.expected_acceptance_rate
-            flag = " (acceptance law differs from theory)" if "acceptance_law" in self.failed_checks else ""
-            residuals = [c for c in self.failed_checks if c.startswith("residual@")]
+            flag = " (acceptance law differs from theory)" if "acceptance_law" in self.diagnostics else ""
+            residuals = [c for c in self.diagnostics if c.startswith("residual@")]
             if residuals:
                 flag += f" (rejection residual differs at {', '.join(r.split('@')[1] for r in residuals)})"
             parts.append(
@@ -262,7 +263,7 @@ class StepCase:
                     emitted = np.full((samples, gamma + 1), -1, dtype=np.int64)
                 elif gamma != emitted.shape[1] - 1:
                     raise GeneratorFailure(f"draft length changed between identical rounds ({emitted.shape[1] - 1} -> {gamma})")
-                candidate_logits = candidate_logits.to(torch.float32)
+                # As _assisted_decoding: the verifier gets candidate_logits in the dtype returned.
                 drafts = candidate_ids[0, length:]
                 q_of_drafts = torch.softmax(candidate_logits[0], dim=-1).gather(-1, drafts[:, None])
                 impossible += int((q_of_drafts == 0).sum())
@@ -380,7 +381,7 @@ def analyse(step: StepCase, obs: Observations, alpha_case: float) -> CaseResult:
         result.acceptance_statistic = acceptance.statistic
         if acceptance.rejects(alpha_case):
             diagnostics.append("acceptance_law")
-    result.failed_checks += diagnostics
+    result.diagnostics = diagnostics
     return result
 
 
@@ -409,9 +410,9 @@ def decide(results: list[CaseResult], alpha_family: float) -> None:
     for r, adj in zip(tested, adjusted):
         r.p_value_adjusted = float(adj)
         r.verdict = "not_lossless" if (r.exact_failure or adj <= alpha_family) else "lossless"
-        # Holm rejects at least what Bonferroni does: checks flagged at alpha_case stand.
+        # Checks flagged at the Bonferroni level stand when Holm rejects; a lossless verdict has none.
         if r.verdict == "lossless":
-            r.failed_checks = [c for c in r.failed_checks if c in DIAGNOSTIC_CHECKS or c.startswith("residual@")]
+            r.failed_checks = []
         r.reason = r.explain()
 
 
