@@ -65,7 +65,7 @@ def test_early_exit_is_lossless():
     assert case.verdict == "lossless", case.reason
     # Drafts come from the drafter table (the lowered depth), not from the target's own table.
     assert case.expected_acceptance_rate < 0.6
-    assert "acceptance_law" not in case.failed_checks
+    assert "acceptance_law" not in case.diagnostics
 
 
 def test_early_exit_stub_emits_the_drafter_table_only_below_full_depth():
@@ -147,7 +147,7 @@ def test_universal_speculative_decoding_is_lossless_when_the_vocabulary_iterates
     monkeypatch.setattr(universal, "word_level_tokenizer", id_ordered)
     case = run_one("UniversalSpeculativeDecodingGenerator", 1000)
     assert case.verdict == "lossless", case.reason
-    assert "acceptance_law" not in case.failed_checks  # the pruned assistant drafts from the drafter table
+    assert "acceptance_law" not in case.diagnostics  # the pruned assistant drafts from the drafter table
 
 
 # --- Generators without candidate_logits -----------------------------------------------------
@@ -176,7 +176,7 @@ def test_prompt_lookup_copies_an_earlier_ngram_but_returns_no_q_so_step_mode_rep
 def test_mtp_is_lossless(scenario):
     case = run_one("MTPCandidateGenerator", 1000, scenario=scenario)
     assert case.verdict == "lossless", case.reason
-    assert "acceptance_law" not in case.failed_checks
+    assert "acceptance_law" not in case.diagnostics
 
 
 # --- SinglePositionMultiTokenCandidateGenerator ----------------------------------------------
