@@ -22,6 +22,12 @@ class DraftContext:
     target: FixedLogitsLM
     prompt_ids: torch.LongTensor
 
+    def assistant(self) -> FixedLogitsLM:
+        """A fixed-logits assistant model drafting ``gamma`` tokens per round from the drafter table."""
+        from .assisted import assistant_for
+
+        return assistant_for(self)
+
 
 class DraftSession(Protocol):
     def draft(self, input_ids: torch.LongTensor) -> tuple[torch.LongTensor, torch.Tensor | None]:

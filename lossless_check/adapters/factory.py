@@ -1,0 +1,54 @@
+"""Users' own generators built by a factory: ``--generator module:make_generator``.
+
+The factory protocol::
+
+    def make_generator(ctx: lossless_check.adapters.DraftContext) -> CandidateGenerator
+
+``ctx`` carries the stubs and the configuration of one case: ``ctx.scenario`` (the fixed-logits
+tables and prompt), ``ctx.target`` (the fixed-logits target model, a real ``PreTrainedModel``),
+``ctx.assistant()`` (a fixed-logits assistant model that drafts from the scenario's drafter table,
+``gamma`` tokens per round), ``ctx.generation_config`` and ``ctx.processors`` (exactly what
+``generate()`` built for the case's warpers), and ``ctx.prompt_ids``.
+
+The harness calls the factory once per trial, so every trial is the first drafting round from the
+prompt, and calls ``get_candidates`` as ``_assisted_decoding`` does: with ``input_ids`` alone, or,
+for a generator with ``requires_model_outputs = True``, also with the target's ``model_kwargs``,
+its outputs over the prompt (hidden states included), ``is_first_iteration=False`` and
+``n_last_matches=0``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ..errors import GeneratorFailure
+from .base import DraftContext, FunctionSession, GeneratorAdapter
+from .dflash import dflash_inputs
+
+
+class FactoryAdapter(GeneratorAdapter):
+    """Drives whatever ``CandidateGenerator`` a user factory returns."""
+
+    name = "factory"
+
+    def __init__(self, factory: Callable[[DraftContext], object]):
+        self.factory = factory
+
+    def installed_class(self) -> type | None:
+        return self.factory  # a factory needs nothing from the installed release to be tried
+
+    def session(self, ctx: DraftContext) -> FunctionSession:
+        from transformers.generation.candidate_generator import CandidateGenerator
+
+        model_kwargs, outputs = dflash_inputs(ctx.target, ctx.prompt_ids)
+
+        def draft(input_ids):
+            generator = self.factory(ctx)
+            if not isinstance(generator, CandidateGenerator):
+                raise GeneratorFailure(f"the factory returned {type(generator).__name__}, not a CandidateGenerator")
+            if getattr(generator, "requires_model_outputs", False):
+                return generator.get_candidates(input_ids, model_kwargs=dict(model_kwargs), model_outputs=outputs,
+                                                is_first_iteration=False, n_last_matches=0)
+            return generator.get_candidates(input_ids)
+
+        return FunctionSession(draft)
