@@ -1,8 +1,8 @@
 """Generator adapters and the resolution of ``--generator`` specs.
 
 A spec is either the class name of a built-in generator (``DFlashTokenCandidateGenerator``) or
-``module:attr`` naming a user class. A subclass of a built-in generator is driven by its base's
-adapter.
+``module:attr`` naming a user class or factory. A subclass of a built-in generator is driven by its
+base's adapter; a factory by :class:`~.factory.FactoryAdapter`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from .base import DraftContext, DraftSession, GeneratorAdapter
 from .dflash import DFlashAdapter
 from .different_tokenizers import DifferentTokenizersAdapter
 from .early_exit import EarlyExitAdapter
+from .factory import FactoryAdapter
 from .mtp import MTPAdapter
 from .prompt_lookup import PromptLookupAdapter
 from .single_position import SinglePositionAdapter
@@ -73,7 +74,9 @@ def resolve_generator(spec: str) -> ResolvedGenerator:
         return ResolvedGenerator(spec, adapter, adapter.installed_class())
     obj = _load_attr(spec)
     if not isinstance(obj, type):
-        raise UsageError(f"generator {spec!r} is not a class")
+        if callable(obj):
+            return ResolvedGenerator(spec, FactoryAdapter(obj), obj)
+        raise UsageError(f"generator {spec!r} is neither a class nor a factory function")
     for base in obj.__mro__:
         adapter = ADAPTERS.get(base.__name__)
         if adapter is not None and base.__module__.startswith("transformers."):
@@ -81,4 +84,4 @@ def resolve_generator(spec: str) -> ResolvedGenerator:
     raise UsageError(f"generator {spec!r} subclasses no built-in generator with an adapter")
 
 
-__all__ = ["ADAPTERS", "DraftContext", "DraftSession", "GeneratorAdapter", "ResolvedGenerator", "resolve_generator"]
+__all__ = ["ADAPTERS", "DraftContext", "FactoryAdapter", "DraftSession", "GeneratorAdapter", "ResolvedGenerator", "resolve_generator"]
