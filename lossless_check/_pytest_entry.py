@@ -20,39 +20,19 @@ it with ``-p no:lossless_check``.
 
 from __future__ import annotations
 
-import argparse
 import json
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import pytest
 
+from .options import positive_int, probability
 from .pytest_plugin import DEFAULT_ALPHA, DEFAULT_SAMPLES, DEFAULT_SEED, Lossless, SessionState
 
 _STATE = pytest.StashKey[SessionState]()
 _WORKER_KEY = "lossless_check_records"
 _VERDICT_MARKUP = {"lossless": {"green": True}, "not_lossless": {"red": True, "bold": True},
                    "error": {"yellow": True}, "skipped": {}}
-
-
-def _probability(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must lie strictly between 0 and 1")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
 
 
 def _fmt(value, spec: str) -> str:
@@ -62,9 +42,9 @@ def _fmt(value, spec: str) -> str:
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("lossless-check",
                             "lossless-check: statistical checks that speculative decoding is lossless")
-    group.addoption("--lossless-alpha", type=_probability, default=DEFAULT_ALPHA, metavar="ALPHA",
+    group.addoption("--lossless-alpha", type=probability, default=DEFAULT_ALPHA, metavar="ALPHA",
                     help=f"family-wise false-failure rate of all checks in the session (default {DEFAULT_ALPHA:g})")
-    group.addoption("--lossless-samples", type=_positive_int, default=DEFAULT_SAMPLES, metavar="N",
+    group.addoption("--lossless-samples", type=positive_int, default=DEFAULT_SAMPLES, metavar="N",
                     help=f"trials per check unless the check says otherwise (default {DEFAULT_SAMPLES})")
     group.addoption("--lossless-seed", type=int, default=DEFAULT_SEED, metavar="SEED",
                     help=f"seed of every check's random stream (default {DEFAULT_SEED})")

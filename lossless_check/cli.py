@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from .errors import UsageError
+from .options import positive_int, probability
 
 EXIT_OK, EXIT_NOT_LOSSLESS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 #: Trials per case: position 1 then detects a TV of about 0.07 (vocabulary 8, family alpha 1e-6).
@@ -19,26 +20,6 @@ DEFAULT_SAMPLES = 5_000
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2
         raise UsageError(message)
-
-
-def _probability(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must lie strictly between 0 and 1")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,17 +37,17 @@ def build_parser() -> argparse.ArgumentParser:
                           "generate() loop; all: step with provenance beside it, plus generate")
     run.add_argument("--scenario", default="markov8",
                      help="markov8, iid8 (fixed logits), or tiny-llama (random 2-layer Llamas; generate mode only)")
-    run.add_argument("--max-new-tokens", type=_positive_int, default=4, metavar="K",
+    run.add_argument("--max-new-tokens", type=positive_int, default=4, metavar="K",
                      help="generate mode: tokens per generate() call, each position tested (default 4)")
-    run.add_argument("--samples", type=_positive_int, default=DEFAULT_SAMPLES,
+    run.add_argument("--samples", type=positive_int, default=DEFAULT_SAMPLES,
                      help=f"trials per case (default {DEFAULT_SAMPLES})")
-    run.add_argument("--detect-tv", type=_probability, metavar="TV",
+    run.add_argument("--detect-tv", type=probability, metavar="TV",
                      help="size the run: enough samples per case to detect this TV at position 1 with power 0.99")
     run.add_argument("--sequential", action="store_true",
                      help="group-sequential: look at 1000, 2000, 4000, ... samples and stop a case at its first rejection")
-    run.add_argument("--alpha", type=_probability, default=1e-6, help="family-wise false-failure rate (default 1e-6)")
+    run.add_argument("--alpha", type=probability, default=1e-6, help="family-wise false-failure rate (default 1e-6)")
     run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--workers", type=_positive_int, default=1, help="processes (results do not depend on it)")
+    run.add_argument("--workers", type=positive_int, default=1, help="processes (results do not depend on it)")
     run.add_argument("--json", metavar="PATH", help="write the JSON report here")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     gate = sub.add_parser("gate", help="pre-merge gate: every mode that applies over a matrix; JSON, Markdown, HTML")
@@ -74,15 +55,15 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--out", default="lossless-gate", metavar="DIR", help="report directory (default lossless-gate)")
     gate.add_argument("--matrix", choices=("smoke", "default", "full"), default="default")
     gate.add_argument("--scenario", default="markov8")
-    gate.add_argument("--samples", type=_positive_int, default=DEFAULT_SAMPLES)
-    gate.add_argument("--alpha", type=_probability, default=1e-6)
+    gate.add_argument("--samples", type=positive_int, default=DEFAULT_SAMPLES)
+    gate.add_argument("--alpha", type=probability, default=1e-6)
     gate.add_argument("--seed", type=int, default=0)
-    gate.add_argument("--workers", type=_positive_int, default=1)
+    gate.add_argument("--workers", type=positive_int, default=1)
     gate.add_argument("--sequential", action="store_true")
     gate.add_argument("--quiet", action="store_true")
     mutants = sub.add_parser("mutants", help="mutation self-test: every mutant of fixtures/mutants (run from the repo root)")
-    mutants.add_argument("--samples", type=_positive_int, default=DEFAULT_SAMPLES, help="most trials per mutant")
-    mutants.add_argument("--alpha", type=_probability, default=1e-6)
+    mutants.add_argument("--samples", type=positive_int, default=DEFAULT_SAMPLES, help="most trials per mutant")
+    mutants.add_argument("--alpha", type=probability, default=1e-6)
     mutants.add_argument("--seed", type=int, default=0)
     mutants.add_argument("--json", metavar="PATH")
     sub.add_parser("list", help="generators in the installed transformers and their adapters; warper matrices")
