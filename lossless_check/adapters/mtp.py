@@ -121,6 +121,9 @@ def mtp_target_for(ctx: DraftContext, folder: str) -> FixedLogitsMtpLM:
     save_file(mtp_checkpoint(config), os.path.join(folder, "model.safetensors"))
     model = FixedLogitsMtpLM(config).eval()
     model.generation_config = plain.generation_config
+    # What from_pretrained records for a checkpoint that needs no renaming: MtpModel.from_pretrained
+    # of 5.14-5.18 reads it from the main model (later releases fall back when it is absent).
+    model._weight_conversions = []
     return model
 
 
