@@ -102,11 +102,14 @@ class FixedLogitsLM(PreTrainedModel, GenerationMixin):
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
         past_key_values: DynamicCache | None = None,
+        cache: DynamicCache | None = None,
         use_cache: bool | None = None,
         output_hidden_states: bool | list | None = None,
         logits_to_keep: int = 0,
         **kwargs,
     ) -> CausalLMOutputWithPast:
+        # Releases from 5.24 name the argument ``cache``; earlier ones ``past_key_values``.
+        past_key_values = past_key_values if past_key_values is not None else cache
         batch, new_len = input_ids.shape
         past_len = past_key_values.get_seq_length() if past_key_values is not None else 0
         history = input_ids

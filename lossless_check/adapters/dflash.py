@@ -32,7 +32,8 @@ class FixedLogitsDFlashDrafter(PreTrainedModel):
         pass
 
     def forward(self, noise_embeds, context_hidden_states, position_ids, attention_mask=None, past_key_values=None,
-                **kwargs):
+                cache=None, **kwargs):
+        past_key_values = past_key_values if past_key_values is not None else cache  # ``cache`` from 5.24
         block = noise_embeds.shape[1]
         noise_positions = position_ids[:, -block:]
         if past_key_values is not None:
