@@ -164,10 +164,13 @@ def _provenance_table(provenance: dict) -> str:
 def _failing_section(index: int, c: CaseResult) -> str:
     e = html.escape
     name = f"{c.generator} [{c.warpers}] ({c.mode})"
-    parts = [f'<section id="case-{index}"><h3>{_MARK[c.verdict]} {e(name)}: {e(c.verdict)}</h3>',
+    parts = [f'<section id="case-{index}"><h3>{e(name)}: {e(c.verdict)}</h3>',
              f"<p>{e(c.reason)}</p>"]
     if c.failed_checks:
         parts.append(f"<p>failed sub-checks: <code>{e(', '.join(c.failed_checks))}</code></p>")
+    if c.diagnostics:
+        parts.append(f"<p>diagnostics (assume the drafter samples the processed drafter table): "
+                     f"<code>{e(', '.join(c.diagnostics))}</code></p>")
     if c.expected_law is not None and c.empirical_law is not None:
         png = _bars(f"output law at position 1 (TV {_fmt(c.tv, '.4f')}, n={c.samples})", "token",
                     c.expected_law, c.empirical_law)
