@@ -7,3 +7,7 @@ class UsageError(Exception):
 
 class GeneratorFailure(Exception):
     """The generator under test raised or returned malformed output. The case's verdict is ``error``."""
+
+
+class NotApplicable(Exception):
+    """The mode cannot test this generator (e.g. step mode and a generator that returns no q)."""

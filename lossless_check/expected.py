@@ -84,7 +84,8 @@ def first_token_law(p: np.ndarray, q_sampled: np.ndarray, q_returned: np.ndarray
     the gap is what a generator that breaks the q contract costs (a negative control's true TV).
     """
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(q_returned > 0, np.minimum(1.0, p / q_returned), 1.0)
+        # As torch computes it: p / 0 = inf accepts, 0 / 0 = nan rejects.
+        ratio = np.where(q_returned > 0, np.minimum(1.0, p / q_returned), (p > 0).astype(float))
     accepted = q_sampled * ratio
     residual = np.maximum(p - q_returned, 0.0)
     rejected = 1.0 - accepted.sum()

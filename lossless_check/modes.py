@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from .errors import GeneratorFailure
+from .errors import GeneratorFailure, NotApplicable
 from .runner import Case, CaseResult, RunResult, decide, execute, skip_reason
 
 MODES = ("step", "provenance", "generate", "all")
@@ -28,6 +28,9 @@ def provenance_case(case: Case, seed: int) -> CaseResult:
         return result
     try:
         prov = provenance_check(case, PROVENANCE_TRIALS, seed)
+    except NotApplicable as exc:
+        result.verdict, result.reason = "skipped", str(exc)
+        return result
     except GeneratorFailure as exc:
         result.verdict, result.reason = "error", str(exc)
         return result
@@ -48,8 +51,8 @@ def _attach_provenance(step: CaseResult, case: Case, seed: int) -> None:
         return
     try:
         prov = provenance_check(case, PROVENANCE_TRIALS, seed)
-    except GeneratorFailure as exc:
-        step.provenance = {"verdict": "error", "reason": str(exc)}
+    except (GeneratorFailure, NotApplicable) as exc:
+        step.provenance = {"verdict": "error" if isinstance(exc, GeneratorFailure) else "skipped", "reason": str(exc)}
         return
     step.provenance = prov.to_dict()
     implied = IMPLIED.get(prov.verdict)

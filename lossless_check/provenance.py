@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .errors import GeneratorFailure
+from .errors import GeneratorFailure, NotApplicable
 from .runner import Case, StepCase, one_line, check_candidates
 
 #: Largest total variation between the sampled row and ``softmax(returned candidate_logits)`` that
@@ -292,7 +292,7 @@ def provenance_check(case: Case, trials: int = 3, seed: int = 0) -> ProvenanceRe
                     raise GeneratorFailure(f"get_candidates raised {one_line(exc)}") from exc
             check_candidates(prompt, candidate_ids, candidate_logits, vocab, step.generation_config.max_length)
             if candidate_logits is None or candidate_ids.shape[1] == prompt.shape[1]:
-                raise GeneratorFailure("returned no candidate_logits: provenance applies to drafters that sample")
+                raise NotApplicable("returns no candidate_logits: provenance applies to drafters that return a q")
             drafts = candidate_ids[0, prompt.shape[1]:].tolist()
             matched = match_draws(seen.draws, drafts)
             if isinstance(matched, str):

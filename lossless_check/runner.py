@@ -34,7 +34,7 @@ import torch
 
 from .adapters import DraftContext, ResolvedGenerator
 from .compat import speculative_sampling
-from .errors import GeneratorFailure
+from .errors import GeneratorFailure, NotApplicable
 from .expected import ExactLaws
 from .scenarios import DEFAULT, Scenario
 from .stats import Stratum, bonferroni_min, holm_correction, law_test, tv_confidence_interval
@@ -256,8 +256,9 @@ class StepCase:
                 check_candidates(prompt, candidate_ids, candidate_logits, vocab, max_length)
                 gamma = candidate_ids.shape[1] - length
                 if candidate_logits is None or gamma == 0:
-                    raise GeneratorFailure(
-                        "returned no candidate_logits: step mode applies to drafters that sample, use generate mode"
+                    raise NotApplicable(
+                        "returns no candidate_logits: _assisted_decoding then samples the target at every position "
+                        "(no q to check); step mode does not apply, generate mode does"
                     )
                 if emitted is None:
                     emitted = np.full((samples, gamma + 1), -1, dtype=np.int64)
@@ -436,19 +437,20 @@ def _step_case(case: Case) -> StepCase:
     return _STEP_CASES[case.key]
 
 
-def collect_chunk(case: Case, seed: int, chunk: int, size: int) -> Observations | GeneratorFailure:
-    """Trials of one chunk (a work unit, run in any process); a generator failure is returned, not raised."""
+def collect_chunk(case: Case, seed: int, chunk: int, size: int) -> Observations | GeneratorFailure | NotApplicable:
+    """Trials of one chunk (a work unit, run in any process); a failure is returned, not raised."""
     try:
         return _step_case(case).collect(size, case_seed(seed, case, chunk))
-    except GeneratorFailure as exc:
+    except (GeneratorFailure, NotApplicable) as exc:
         return exc
 
 
 def _finish(case: Case, parts: list, alpha_case: float) -> CaseResult:
-    failures = [p for p in parts if isinstance(p, GeneratorFailure)]
+    failures = [p for p in parts if isinstance(p, (GeneratorFailure, NotApplicable))]
     result = CaseResult(case.generator.display_name, case.warper_spec, case.mode, case.scenario.name)
     if failures:
-        result.verdict, result.reason = "error", str(failures[0])
+        result.verdict = "skipped" if isinstance(failures[0], NotApplicable) else "error"
+        result.reason = str(failures[0])
         return result
     try:
         obs = Observations.concatenate(parts)
@@ -525,7 +527,7 @@ def execute(cases: list[Case], samples: int, seed: int, alpha_case: float, worke
                                 progress)
             for index in list(active):
                 parts[index] += [computed[(index, c)] for c in chunks]
-                if look < len(looks) and any(isinstance(p, GeneratorFailure) for p in parts[index]):
+                if look < len(looks) and any(isinstance(p, (GeneratorFailure, NotApplicable)) for p in parts[index]):
                     results[index] = _finish(cases[index], parts[index], alpha_case)
                     active.remove(index)
                     continue
@@ -536,7 +538,7 @@ def execute(cases: list[Case], samples: int, seed: int, alpha_case: float, worke
                         result.p_value = min(previous, min(1.0, len(looks) * result.p_value))
                         result.alpha_case = alpha_case
                     results[index] = result
-                    if result.verdict == "error" or result.exact_failure or (
+                    if result.verdict in ("error", "skipped") or result.exact_failure or (
                             result.p_value is not None and result.p_value <= alpha_case):
                         active.remove(index)
     finally:

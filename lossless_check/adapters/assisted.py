@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..stubs import fixed_logits_lm
 from .base import DraftContext, FunctionSession, GeneratorAdapter
+from .rounds import rounds_of
 
 
 def assistant_for(ctx: DraftContext):
@@ -32,4 +33,4 @@ class AssistedAdapter(GeneratorAdapter):
         )
         # One generator serves every trial: each call crops the assistant's cache back to the
         # prompt, as a new round after a rejection does.
-        return FunctionSession(generator.get_candidates)
+        return FunctionSession(rounds_of(generator))

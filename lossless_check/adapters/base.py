@@ -51,6 +51,25 @@ class GeneratorAdapter:
         raise NotImplementedError
 
 
+def prefill_state(target, input_ids: torch.LongTensor, **forward_kwargs) -> tuple[dict, object]:
+    """The ``model_kwargs`` and target outputs ``_assisted_decoding`` holds before drafting from ``input_ids``.
+
+    The last token of ``input_ids`` is the one the target just sampled; the target has run over
+    everything before it (hidden states included). ``generate()`` always holds positions and an
+    attention mask (DFlash of 5.15-5.17 and MtpModel of 5.14 index into it).
+    """
+    length = input_ids.shape[1]
+    model_kwargs = {"position_ids": torch.arange(length)[None, :], "attention_mask": torch.ones_like(input_ids)}
+    outputs = target(input_ids[:, :-1], output_hidden_states=True, **forward_kwargs)
+    return model_kwargs, outputs
+
+
+def first_round_after_prefill(generator, input_ids: torch.LongTensor, model_kwargs: dict, outputs):
+    """``get_candidates`` of a generator that needs the target's outputs, as its first drafting round."""
+    return generator.get_candidates(input_ids, model_kwargs=dict(model_kwargs), model_outputs=outputs,
+                                    is_first_iteration=False, n_last_matches=0)
+
+
 class FunctionSession:
     """A session that is just a function of ``input_ids``."""
 

@@ -12,8 +12,8 @@ import torch
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
-from ..stubs import FixedLogitsConfig, FixedLogitsLM
-from .base import DraftContext, FunctionSession, GeneratorAdapter
+from ..stubs import FixedLogitsConfig
+from .base import DraftContext, FunctionSession, GeneratorAdapter, first_round_after_prefill, prefill_state
 
 
 class FixedLogitsDFlashDrafter(PreTrainedModel):
@@ -61,25 +61,13 @@ def dflash_drafter_for(ctx: DraftContext) -> FixedLogitsDFlashDrafter:
     return FixedLogitsDFlashDrafter(config).eval()
 
 
-def dflash_inputs(target: FixedLogitsLM, input_ids: torch.LongTensor) -> tuple[dict, object]:
-    """The ``model_kwargs`` and target outputs ``_assisted_decoding`` holds before drafting from ``input_ids``.
-
-    The last token of ``input_ids`` is the anchor the target just sampled; the target has run over
-    everything before it.
-    """
-    length = input_ids.shape[1]
-    model_kwargs = {"position_ids": torch.arange(length)[None, :], "attention_mask": None}
-    outputs = target(input_ids[:, :-1], output_hidden_states=True)
-    return model_kwargs, outputs
-
-
 class DFlashAdapter(GeneratorAdapter):
     name = "DFlashTokenCandidateGenerator"
     drafter_kinds = ("iid", "per_position")
 
     def session(self, ctx: DraftContext) -> FunctionSession:
         drafter = dflash_drafter_for(ctx)
-        model_kwargs, outputs = dflash_inputs(ctx.target, ctx.prompt_ids)
+        model_kwargs, outputs = prefill_state(ctx.target, ctx.prompt_ids)
 
         def draft(input_ids):
             # A fresh generator per trial: each trial is the first drafting round after prefill.
@@ -90,12 +78,6 @@ class DFlashAdapter(GeneratorAdapter):
                 generation_config=ctx.generation_config,
                 logits_processor=ctx.processors,
             )
-            return generator.get_candidates(
-                input_ids,
-                model_kwargs=dict(model_kwargs),
-                model_outputs=outputs,
-                is_first_iteration=False,
-                n_last_matches=0,
-            )
+            return first_round_after_prefill(generator, input_ids, model_kwargs, outputs)
 
         return FunctionSession(draft)

@@ -22,8 +22,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..errors import GeneratorFailure
-from .base import DraftContext, FunctionSession, GeneratorAdapter
-from .dflash import dflash_inputs
+from .base import DraftContext, FunctionSession, GeneratorAdapter, first_round_after_prefill, prefill_state
 
 
 class FactoryAdapter(GeneratorAdapter):
@@ -40,15 +39,14 @@ class FactoryAdapter(GeneratorAdapter):
     def session(self, ctx: DraftContext) -> FunctionSession:
         from transformers.generation.candidate_generator import CandidateGenerator
 
-        model_kwargs, outputs = dflash_inputs(ctx.target, ctx.prompt_ids)
+        model_kwargs, outputs = prefill_state(ctx.target, ctx.prompt_ids)
 
         def draft(input_ids):
             generator = self.factory(ctx)
             if not isinstance(generator, CandidateGenerator):
                 raise GeneratorFailure(f"the factory returned {type(generator).__name__}, not a CandidateGenerator")
             if getattr(generator, "requires_model_outputs", False):
-                return generator.get_candidates(input_ids, model_kwargs=dict(model_kwargs), model_outputs=outputs,
-                                                is_first_iteration=False, n_last_matches=0)
+                return first_round_after_prefill(generator, input_ids, model_kwargs, outputs)
             return generator.get_candidates(input_ids)
 
         return FunctionSession(draft)

@@ -27,8 +27,7 @@ import torch
 from torch import nn
 
 from ..stubs import FixedLogitsConfig, FixedLogitsLM, fixed_logits_lm
-from .base import DraftContext, FunctionSession, GeneratorAdapter
-from .dflash import dflash_inputs
+from .base import DraftContext, FunctionSession, GeneratorAdapter, first_round_after_prefill, prefill_state
 
 
 class IdentityNorm(nn.Module):
@@ -154,22 +153,13 @@ class MTPAdapter(GeneratorAdapter):
                 model_kwargs={"use_cache": True},
                 logits_processor=ctx.processors,
             )
-        # The same round-after-prefill inputs a DFlash drafter gets, with the attention mask generate()
-        # always holds (MtpModel.forward of 5.14 cannot run without one).
-        model_kwargs, outputs = dflash_inputs(target, ctx.prompt_ids)
-        model_kwargs["attention_mask"] = torch.ones_like(ctx.prompt_ids)
+        model_kwargs, outputs = prefill_state(target, ctx.prompt_ids)
         # Models hold only weights and are shared; the rest (the MTP cache, the prefill flag) is copied.
         shared_modules = {id(v): v for v in vars(template).values() if isinstance(v, nn.Module)}
 
         def draft(input_ids):
             # Each trial is the first drafting round after prefill: a copy of the generator as built.
             generator = copy.deepcopy(template, memo=dict(shared_modules))
-            return generator.get_candidates(
-                input_ids,
-                model_kwargs=dict(model_kwargs),
-                model_outputs=outputs,
-                is_first_iteration=False,
-                n_last_matches=0,
-            )
+            return first_round_after_prefill(generator, input_ids, model_kwargs, outputs)
 
         return FunctionSession(draft)

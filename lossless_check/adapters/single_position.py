@@ -22,7 +22,7 @@ from transformers import PreTrainedModel
 from transformers.utils import ModelOutput
 
 from ..stubs import FixedLogitsConfig, FixedLogitsLM, fixed_logits_lm
-from .base import DraftContext, FunctionSession, GeneratorAdapter
+from .base import DraftContext, FunctionSession, GeneratorAdapter, first_round_after_prefill, prefill_state
 
 
 @dataclass
@@ -119,10 +119,7 @@ class SinglePositionAdapter(GeneratorAdapter):
     def session(self, ctx: DraftContext) -> FunctionSession:
         assistant = assistant_for(ctx)
         target = target_for(ctx)
-        prompt = ctx.prompt_ids
-        # The target has run over everything before the last token, which it just sampled.
-        outputs = target(prompt[:, :-1], output_hidden_states=True, return_shared_kv_states=True)
-        model_kwargs = {"attention_mask": torch.ones_like(prompt)}  # generate() always holds one
+        model_kwargs, outputs = prefill_state(target, ctx.prompt_ids, return_shared_kv_states=True)
 
         def draft(input_ids):
             # A fresh generator per trial: each trial is the first drafting round after prefill.
@@ -137,12 +134,6 @@ class SinglePositionAdapter(GeneratorAdapter):
                 inputs_tensor=input_ids,
                 logits_processor=ctx.processors,
             )
-            return generator.get_candidates(
-                input_ids,
-                model_kwargs=dict(model_kwargs),
-                model_outputs=outputs,
-                is_first_iteration=False,
-                n_last_matches=0,
-            )
+            return first_round_after_prefill(generator, input_ids, model_kwargs, outputs)
 
         return FunctionSession(draft)
