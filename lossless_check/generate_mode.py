@@ -214,6 +214,10 @@ def _setup(case: Case, max_new_tokens: int) -> _Setup:
         law = ExactLaws(scenario, processors).target
     # The same config capture_processors gave generate(): the processors and laws above are its own.
     config = GenerationConfig(do_sample=True, max_new_tokens=max_new_tokens, **case.warpers)
+    if case.generator.adapter.name == "PromptLookupCandidateGenerator":
+        # generate() builds the prompt-lookup generator itself; drafts are n-grams of the sequence.
+        config.prompt_lookup_num_tokens = scenario.gamma
+        return _Setup(target, None, prompt_ids, config, law, _eos_ids(prepared))
     return _Setup(_driving(target, case.generator.generator_class), drafter, prompt_ids, config, law,
                   _eos_ids(prepared))
 
@@ -306,7 +310,8 @@ def run_generate_case(case: Case, samples: int, seed: int, alpha_case: float, ma
     ``case.scenario`` is a fixed-logits :class:`~.scenarios.Scenario` or a :class:`TinyLlamaScenario`;
     ``case.warpers`` are ``GenerationConfig`` keywords (``eos_token_id`` among them for EOS cases).
     Supported generators: ``AssistedCandidateGenerator`` (which ``generate()`` picks itself for
-    ``assistant_model=``) and its subclasses (wired in through ``_get_candidate_generator``); other
+    ``assistant_model=``) and its subclasses (wired in through ``_get_candidate_generator``), and the
+    built-in ``PromptLookupCandidateGenerator`` (``prompt_lookup_num_tokens=gamma``); other
     families are ``skipped``. Generator failures give verdict ``error``.
 
     Assumptions: the ``samples`` calls are independent (each ``generate()`` builds a fresh candidate
@@ -322,9 +327,13 @@ def run_generate_case(case: Case, samples: int, seed: int, alpha_case: float, ma
     if case.generator.generator_class is None:
         base.verdict, base.reason = "skipped", f"{case.generator.adapter.name} is not in the installed transformers"
         return base
-    if case.generator.adapter.name != "AssistedCandidateGenerator":
+    name = case.generator.adapter.name
+    prompt_lookup = name == "PromptLookupCandidateGenerator"
+    if name != "AssistedCandidateGenerator" and not (prompt_lookup and case.generator.generator_class.__module__
+                                                     .startswith("transformers.")):
         base.verdict = "skipped"
-        base.reason = f"generate mode drives the assistant_model path only, not {case.generator.adapter.name}"
+        base.reason = (f"generate mode drives the assistant_model and prompt-lookup paths (built-in prompt lookup "
+                       f"only), not {case.generator.display_name}")
         return base
     try:
         setup = _setup(case, max_new_tokens)

@@ -258,7 +258,7 @@ class StepCase:
                 if candidate_logits is None or gamma == 0:
                     raise NotApplicable(
                         "returns no candidate_logits: _assisted_decoding then samples the target at every position "
-                        "(no q to check); step mode does not apply, generate mode does"
+                        "(no q to check), so step mode does not apply"
                     )
                 if emitted is None:
                     emitted = np.full((samples, gamma + 1), -1, dtype=np.int64)

@@ -20,3 +20,13 @@ def target_factory():
         return fixed_logits_lm(FixedLogits.iid(rows), prompt_length=prompt_length)
 
     return make
+
+
+# Hypothesis profiles for the fuzzing tests (tests/test_fuzz.py). "ci" (the default): a bounded,
+# derandomized example budget, so CI runs the same examples every time. "deep": many random
+# examples, for fuzzing by hand: HYPOTHESIS_PROFILE=deep pytest tests/test_fuzz.py.
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("ci", max_examples=40, deadline=None, derandomize=True)
+settings.register_profile("deep", max_examples=1000, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
