@@ -4,8 +4,9 @@
   the parser;
 - the real ``DFlashTokenCandidateGenerator`` is lossless under random stacks: a statistical
   step-mode run per example, plus the exact provenance check (also on random logits tables);
-- against the raw-logits negative control, hypothesis finds an inconsistent stack and shrinks it
-  to a single warper, which a full statistical run (5000 samples, ``iid8``) then flags.
+- against the negative controls (raw logits returned; repetition penalty left out of sampling only),
+  hypothesis finds an inconsistent stack and shrinks it to a single warper, which a full
+  statistical run (5000 samples, ``iid8``) then flags.
 
 Error rate of the statistical property: it runs ``STATISTICAL_EXAMPLES`` examples (a fifth of the
 profile's budget: one example costs 50 to 100 exact ones) and tests each at
@@ -20,6 +21,7 @@ than that (the raw-logits bug moves the output law by a TV of 0.05-0.1 on ``mark
 the exact provenance half.
 """
 
+import pytest
 from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
@@ -32,7 +34,11 @@ from lossless_check.strategies import OPTIONS, scenarios, stack_options, warper_
 from lossless_check.warpers import format_warpers, parse_warpers
 
 GENERATOR = "DFlashTokenCandidateGenerator"
-MUTANT = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
+#: Negative controls: wrong under (almost) any warper, and wrong only under one warper.
+MUTANTS = [
+    "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits",
+    "fixtures.mutants.dflash_repetition_penalty:DFlashDraftIgnoresRepetitionPenalty",
+]
 #: Family-wise false-failure rate of the statistical property (the harness default).
 ALPHA_FAMILY = 1e-6
 #: Examples of the statistical property: a fifth of the profile's budget (conftest.py).
@@ -99,8 +105,9 @@ def test_dflash_provenance_on_random_tables(stack, scenario):
     assert result.verdict == "consistent", f"{format_warpers(stack)}: {result.reason}"
 
 
-def test_raw_logits_mutant_shrinks_to_one_warper():
-    mutant = resolve_generator(MUTANT)
+@pytest.mark.parametrize("mutant_spec", MUTANTS, ids=lambda spec: spec.rsplit(":", 1)[1])
+def test_mutant_failure_shrinks_to_one_warper(mutant_spec):
+    mutant = resolve_generator(mutant_spec)
     verdicts = {}  # shrinking revisits equal stacks (it also simplifies the parameters of absent warpers)
 
     def inconsistent(stack) -> bool:
