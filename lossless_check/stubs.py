@@ -49,6 +49,17 @@ class FixedLogitsConfig(PretrainedConfig):
         return FixedLogits(self.table_kind, np.asarray(self.table_rows, dtype=np.float64))
 
 
+class IdentityHead(nn.Linear):
+    """An output projection with identity weights that passes its input through exactly.
+
+    A matrix product would turn a ``-inf`` logit into NaN (``-inf * 0``); generators only need a
+    ``Linear`` with a ``.weight`` to project (or prune) through.
+    """
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden
+
+
 class FixedLogitsLM(PreTrainedModel, GenerationMixin):
     """A causal LM whose logits at each position come from a fixed table.
 
@@ -69,7 +80,7 @@ class FixedLogitsLM(PreTrainedModel, GenerationMixin):
         self.register_buffer("table_rows", torch.tensor(table.rows, dtype=torch.float32), persistent=False)
         # A real (identity) output projection: hidden states are the logits. DFlash-style generators
         # project a drafter's hidden states through this layer.
-        self.lm_head = nn.Linear(config.vocab_size, config.vocab_size, bias=False)
+        self.lm_head = IdentityHead(config.vocab_size, config.vocab_size, bias=False)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.vocab_size)
         with torch.no_grad():
             self.lm_head.weight.copy_(torch.eye(config.vocab_size))

@@ -8,6 +8,7 @@ takes that list. Whatever the installed release builds, in whatever order, is wh
 from __future__ import annotations
 
 import ast
+import warnings
 from typing import Any
 
 from .errors import UsageError
@@ -53,7 +54,9 @@ def parse_warpers(spec: str) -> dict[str, Any]:
         if key in kwargs:
             raise UsageError(f"bad warper spec {spec!r}: {key!r} given twice")
         try:
-            value = ast.literal_eval(raw)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "invalid decimal literal" and friends: the error below says it
+                value = ast.literal_eval(raw)
         except (ValueError, SyntaxError):
             raise UsageError(f"bad warper {item!r}: {raw!r} is not a number or literal") from None
         kwargs[key] = value
@@ -78,8 +81,6 @@ _RANGES: dict[str, tuple[str, Any]] = {
 
 def validate_warpers(kwargs: dict[str, Any]) -> None:
     """Raise :class:`UsageError` if a value is out of range or ``GenerationConfig`` refuses it."""
-    import warnings
-
     for key, value in kwargs.items():
         if key in _RANGES and value is not None:
             wanted, ok = _RANGES[key]

@@ -45,10 +45,8 @@ ALPHA_FAMILY = 1e-6
 STATISTICAL_EXAMPLES = max(1, settings.default.max_examples // 5)
 #: Trials per example: small, fuzzing trades power per stack for many stacks.
 SAMPLES = 500
-#: -inf entries per target row in random scenarios; the stack may ban the rest but one token.
-#: Drafter tables stay finite: the DFlash adapter projects drafter rows through an identity
-#: ``lm_head``, where -inf * 0 gives NaN.
-TARGET_MASKED = 2
+#: -inf entries per table row in random scenarios; the stack may ban the rest but one token.
+MASKED = 2
 
 
 def test_every_catalog_option_is_fuzzed():
@@ -99,7 +97,7 @@ def test_dflash_is_lossless_under_random_stacks(stack):
     assert provenance.verdict == "consistent", f"{format_warpers(stack)}: {provenance.reason}"
 
 
-@given(warper_stacks(max_banned=DEFAULT.vocab_size - 1 - TARGET_MASKED), scenarios(target_masked=TARGET_MASKED))
+@given(warper_stacks(max_banned=DEFAULT.vocab_size - 1 - MASKED), scenarios(target_masked=MASKED, drafter_masked=MASKED))
 def test_dflash_provenance_on_random_tables(stack, scenario):
     result = provenance_check(Case(resolve_generator(GENERATOR), stack, scenario=scenario), trials=3)
     assert result.verdict == "consistent", f"{format_warpers(stack)}: {result.reason}"
