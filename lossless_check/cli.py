@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="size the run: enough samples per case to detect this TV at position 1 with power 0.99")
     run.add_argument("--sequential", action="store_true",
                      help="group-sequential: look at 1000, 2000, 4000, ... samples and stop a case at its first rejection")
+    run.add_argument("--timeout", type=positive_int, default=600, metavar="S",
+                     help="seconds a chunk of 1000 trials may take before its case is an error (default 600)")
     run.add_argument("--alpha", type=probability, default=1e-6, help="family-wise false-failure rate (default 1e-6)")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--workers", type=positive_int, default=1, help="processes (results do not depend on it)")
@@ -126,7 +128,7 @@ def _run(args) -> int:
     with _progress(args.quiet) as progress:
         task = progress.add_task(f"{len(cases)} cases", total=len(cases) * args.samples)
         result = run_modes(cases, args.samples, args.alpha, args.seed, args.workers,
-                           lambda k: progress.advance(task, k), args.max_new_tokens, args.sequential)
+                           lambda k: progress.advance(task, k), args.max_new_tokens, args.sequential, args.timeout)
     print_table(result, Console(width=None if sys.stdout.isatty() else 160))
     if args.json:
         write_json(result, args.json)

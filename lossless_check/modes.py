@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Callable
 
 from .errors import GeneratorFailure, NotApplicable
-from .runner import Case, CaseResult, RunResult, decide, execute, skip_reason
+from .runner import CHUNK_TIMEOUT, Case, CaseResult, RunResult, decide, execute, skip_reason
 
 MODES = ("step", "provenance", "generate", "all")
 #: Drafts inspected per provenance case: the check is exact, a few rounds cover every position.
@@ -69,14 +69,14 @@ def _attach_provenance(step: CaseResult, case: Case, seed: int) -> None:
 
 def run_modes(cases: list[Case], samples: int, alpha: float, seed: int, workers: int = 1,
               progress: Callable[[int], None] | None = None, max_new_tokens: int = 4,
-              sequential: bool = False) -> RunResult:
+              sequential: bool = False, timeout: float | None = None) -> RunResult:
     """Run cases of any mode; the family-wise decision covers every statistical case of the run."""
     statistical = [c for c in cases if c.mode in ("step", "generate", "all")]
     alpha_case = alpha / max(1, len(statistical))
     results: dict[int, CaseResult] = {}
     step_indices = [i for i, c in enumerate(cases) if c.mode in ("step", "all")]
     step_results = execute([replace(cases[i], mode="step") for i in step_indices], samples, seed, alpha_case,
-                           workers, progress, sequential)
+                           workers, progress, sequential, timeout or CHUNK_TIMEOUT)
     results.update(zip(step_indices, step_results))
     for i, case in enumerate(cases):
         if case.mode == "generate":

@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing
+import signal
+import threading
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -437,10 +440,36 @@ def _step_case(case: Case) -> StepCase:
     return _STEP_CASES[case.key]
 
 
-def collect_chunk(case: Case, seed: int, chunk: int, size: int) -> Observations | GeneratorFailure | NotApplicable:
+#: Seconds one chunk may take before its case is an ``error`` (a hung generator). Normal rounds take
+#: milliseconds: a chunk of 1000 takes seconds.
+CHUNK_TIMEOUT = 600.0
+
+
+@contextmanager
+def deadline(seconds: float, what: str):
+    """Raise :class:`GeneratorFailure` in this (main) thread after ``seconds``; a no-op elsewhere."""
+    if seconds <= 0 or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise GeneratorFailure(f"{what} ran past {seconds:g} s: the generator hangs (or --timeout is too small)")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def collect_chunk(case: Case, seed: int, chunk: int, size: int,
+                  timeout: float = CHUNK_TIMEOUT) -> Observations | GeneratorFailure | NotApplicable:
     """Trials of one chunk (a work unit, run in any process); a failure is returned, not raised."""
     try:
-        return _step_case(case).collect(size, case_seed(seed, case, chunk))
+        with deadline(timeout, f"a chunk of {size} trials"):
+            return _step_case(case).collect(size, case_seed(seed, case, chunk))
     except (GeneratorFailure, NotApplicable) as exc:
         return exc
 
@@ -476,15 +505,15 @@ def look_schedule(samples: int, sequential: bool) -> list[int]:
     return looks + [samples]
 
 
-def _compute(units, cases, seed, workers, pool, progress) -> dict:
+def _compute(units, cases, seed, pool, progress, timeout) -> dict:
     done = {}
     if pool is None:
         for index, chunk, size in units:
-            done[(index, chunk)] = collect_chunk(cases[index], seed, chunk, size)
+            done[(index, chunk)] = collect_chunk(cases[index], seed, chunk, size, timeout)
             if progress is not None:
                 progress(size)
         return done
-    futures = {pool.submit(collect_chunk, cases[i], seed, c, n): (i, c, n) for i, c, n in units}
+    futures = {pool.submit(collect_chunk, cases[i], seed, c, n, timeout): (i, c, n) for i, c, n in units}
     for future in as_completed(futures):
         index, chunk, size = futures[future]
         done[(index, chunk)] = future.result()
@@ -494,13 +523,14 @@ def _compute(units, cases, seed, workers, pool, progress) -> dict:
 
 
 def execute(cases: list[Case], samples: int, seed: int, alpha_case: float, workers: int = 1,
-            progress: Callable[[int], None] | None = None, sequential: bool = False) -> list[CaseResult]:
+            progress: Callable[[int], None] | None = None, sequential: bool = False,
+            timeout: float = CHUNK_TIMEOUT) -> list[CaseResult]:
     """Run every case's trials in chunks, on ``workers`` processes; results do not depend on ``workers``.
 
     ``sequential``: analyse at each look of :func:`look_schedule` and stop a case at the first look
     that rejects. The ``K`` looks share the case's alpha equally (Bonferroni over looks: a rejection
     at any look has probability at most ``alpha_case`` under the null), and the case's p-value is
-    ``min_k K * p_k``.
+    ``min_k K * p_k``. A chunk running past ``timeout`` seconds makes its case an ``error``.
     """
     results: list[CaseResult | None] = [None] * len(cases)
     active = []
@@ -523,8 +553,8 @@ def execute(cases: list[Case], samples: int, seed: int, alpha_case: float, worke
         for look, n_look in enumerate(looks, 1):
             chunks = range(done_chunks, len(chunk_sizes(n_look)))
             done_chunks = len(chunk_sizes(n_look))
-            computed = _compute([(i, c, sizes[c]) for i in active for c in chunks], cases, seed, workers, pool,
-                                progress)
+            computed = _compute([(i, c, sizes[c]) for i in active for c in chunks], cases, seed, pool, progress,
+                                timeout)
             for index in list(active):
                 parts[index] += [computed[(index, c)] for c in chunks]
                 if look < len(looks) and any(isinstance(p, (GeneratorFailure, NotApplicable)) for p in parts[index]):
