@@ -164,8 +164,10 @@ def _mutants(args) -> int:
 
     from .mutation import mutation_report, print_mutation_report
 
+    from rich.console import Console
+
     rows = mutation_report(args.samples, args.seed, args.alpha)
-    print_mutation_report(rows)
+    print_mutation_report(rows, Console(width=None if sys.stdout.isatty() else 200))
     if args.json:
         with open(args.json, "w") as handle:
             json.dump([{k: v for k, v in row.items() if k != "positions"} for row in rows], handle, indent=2)
