@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from .adapters import DraftContext
-from .adapters.assisted import assistant_for
+from .adapters.assisted import assistant_for, constant_drafts
 from .errors import GeneratorFailure
 from .expected import ExactLaws
 from .runner import Case, CaseResult, case_seed, one_line, position_tests
@@ -172,9 +172,8 @@ def _driving(target, generator_class):
 def _use_constant_drafts(drafter, gamma: int):
     # The "heuristic" schedule writes its draft length back into the drafter's generation config at
     # the end of generate(): samples would depend on each other. Constant length, no early stop.
-    drafter.generation_config.num_assistant_tokens = gamma
-    drafter.generation_config.num_assistant_tokens_schedule = "constant"
-    drafter.generation_config.assistant_confidence_threshold = 0.0
+    for key, value in constant_drafts(gamma).items():
+        setattr(drafter.generation_config, key, value)
 
 
 @dataclass

@@ -143,6 +143,22 @@ class FixedLogitsLM(PreTrainedModel, GenerationMixin):
         )
 
 
+class TableDrafterStub(PreTrainedModel):
+    """Base of drafter stubs that read logits rows from a table and hold no weights."""
+
+    config_class = FixedLogitsConfig
+    base_model_prefix = "model"
+
+    def __init__(self, config: FixedLogitsConfig):
+        super().__init__(config)
+        self.register_buffer("table_rows", torch.tensor(config.table.rows, dtype=torch.float32), persistent=False)
+        self.anchor = nn.Parameter(torch.zeros(1), requires_grad=False)  # gives the model a device
+        self.post_init()
+
+    def _init_weights(self, module):  # no weights to initialise
+        pass
+
+
 def fixed_logits_lm(table: FixedLogits, prompt_length: int, **generation_defaults) -> FixedLogitsLM:
     """Build a :class:`FixedLogitsLM` for ``table``; extra keywords set its generation config."""
     config = FixedLogitsConfig(

@@ -7,16 +7,20 @@ from .base import DraftContext, FunctionSession, GeneratorAdapter
 from .rounds import rounds_of
 
 
+def constant_drafts(gamma: int) -> dict:
+    """Assistant generation defaults for exactly ``gamma`` drafts per round.
+
+    No confidence-based early stop and no adaptive schedule: a fixed draft length keeps the
+    acceptance law exact and the rounds independent.
+    """
+    return {"num_assistant_tokens": gamma, "num_assistant_tokens_schedule": "constant",
+            "assistant_confidence_threshold": 0.0}
+
+
 def assistant_for(ctx: DraftContext):
     """A fixed-logits assistant drafting exactly ``gamma`` tokens per round."""
-    return fixed_logits_lm(
-        ctx.scenario.drafter,
-        prompt_length=len(ctx.scenario.prompt),
-        num_assistant_tokens=ctx.scenario.gamma,
-        num_assistant_tokens_schedule="constant",
-        # No confidence-based early stop: a fixed draft length keeps the acceptance law exact.
-        assistant_confidence_threshold=0.0,
-    )
+    return fixed_logits_lm(ctx.scenario.drafter, prompt_length=len(ctx.scenario.prompt),
+                           **constant_drafts(ctx.scenario.gamma))
 
 
 class AssistedAdapter(GeneratorAdapter):

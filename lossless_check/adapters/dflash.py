@@ -9,27 +9,15 @@ drafts: only ``iid`` and ``per_position`` drafter tables apply.
 from __future__ import annotations
 
 import torch
-from transformers import PreTrainedModel
+
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
-from ..stubs import FixedLogitsConfig
+from ..stubs import FixedLogitsConfig, TableDrafterStub
 from .base import DraftContext, FunctionSession, GeneratorAdapter, first_round_after_prefill, prefill_state
 
 
-class FixedLogitsDFlashDrafter(PreTrainedModel):
+class FixedLogitsDFlashDrafter(TableDrafterStub):
     """DFlash drafter stub: ``last_hidden_state[:, i]`` are the logits for noise position ``i``."""
-
-    config_class = FixedLogitsConfig
-    base_model_prefix = "model"
-
-    def __init__(self, config: FixedLogitsConfig):
-        super().__init__(config)
-        self.register_buffer("table_rows", torch.tensor(config.table.rows, dtype=torch.float32), persistent=False)
-        self.anchor = torch.nn.Parameter(torch.zeros(1), requires_grad=False)  # gives the model a device
-        self.post_init()
-
-    def _init_weights(self, module):
-        pass
 
     def forward(self, noise_embeds, context_hidden_states, position_ids, attention_mask=None, past_key_values=None,
                 cache=None, **kwargs):

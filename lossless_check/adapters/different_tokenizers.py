@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 
+from .assisted import constant_drafts
 from .base import DraftContext, FunctionSession, GeneratorAdapter
 from .rounds import rounds_of
 from .vocabularies import assistant_lm, assistant_words, target_words, word_level_tokenizer
@@ -30,9 +31,7 @@ class DifferentTokenizersAdapter(GeneratorAdapter):
                 ctx.scenario.drafter,
                 prompt_length=len(ctx.scenario.prompt),
                 vocab_size=vocab,
-                num_assistant_tokens=ctx.scenario.gamma,
-                num_assistant_tokens_schedule="constant",
-                assistant_confidence_threshold=0.0,
+                **constant_drafts(ctx.scenario.gamma),
             ),
             target_tokenizer=word_level_tokenizer(target_words(vocab)),
             assistant_tokenizer=word_level_tokenizer(assistant_words(vocab)),

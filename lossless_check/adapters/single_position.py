@@ -18,10 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedModel
 from transformers.utils import ModelOutput
 
-from ..stubs import FixedLogitsConfig, FixedLogitsLM, fixed_logits_lm
+from ..stubs import FixedLogitsLM, TableDrafterStub, fixed_logits_lm
 from .base import DraftContext, FunctionSession, GeneratorAdapter, first_round_after_prefill, prefill_state
 
 
@@ -43,19 +42,8 @@ class SharedKVOutput(ModelOutput):
     shared_kv_states: dict | None = None
 
 
-class FixedLogitsGemma4AssistantStub(PreTrainedModel):
+class FixedLogitsGemma4AssistantStub(TableDrafterStub):
     """Assistant stub: logits from the drafter table; its hidden state counts the drafts made."""
-
-    config_class = FixedLogitsConfig
-
-    def __init__(self, config: FixedLogitsConfig):
-        super().__init__(config)
-        self.register_buffer("table_rows", torch.tensor(config.table.rows, dtype=torch.float32), persistent=False)
-        self.anchor = torch.nn.Parameter(torch.zeros(1), requires_grad=False)  # gives the model a device
-        self.post_init()
-
-    def _init_weights(self, module):
-        pass
 
     def forward(self, inputs_embeds, attention_mask=None, position_ids=None, shared_kv_states=None, **kwargs):
         if shared_kv_states is None:

@@ -9,6 +9,7 @@ pruning and re-indexing act on it for real (see :mod:`.vocabularies`).
 
 from __future__ import annotations
 
+from .assisted import constant_drafts
 from .base import DraftContext, FunctionSession, GeneratorAdapter
 from .rounds import rounds_of
 from .vocabularies import assistant_lm, assistant_words, target_words, word_level_tokenizer
@@ -27,9 +28,7 @@ class UniversalAdapter(GeneratorAdapter):
             ctx.scenario.drafter,
             prompt_length=len(ctx.scenario.prompt),
             vocab_size=vocab,
-            num_assistant_tokens=ctx.scenario.gamma,
-            num_assistant_tokens_schedule="constant",
-            assistant_confidence_threshold=0.0,
+            **constant_drafts(ctx.scenario.gamma),
         )
         translator = AssistantVocabTranslatorCache.get_translator(
             target_tokenizer,
