@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--detect-tv", type=probability, metavar="TV",
                      help="size the run: enough samples per case to detect this TV at position 1 with power 0.99")
     run.add_argument("--sequential", action="store_true",
-                     help="group-sequential: look at 1000, 2000, 4000, ... samples and stop a case at its first rejection")
+                     help="stop a case at the first trial where its anytime-valid e-value rejects (clean cases run to --samples)")
     run.add_argument("--timeout", type=positive_int, default=600, metavar="S",
                      help="seconds a chunk of 1000 trials may take before its case is an error (default 600)")
     run.add_argument("--alpha", type=probability, default=1e-6, help="family-wise false-failure rate (default 1e-6)")
@@ -97,23 +97,17 @@ def _cases(args):
 def samples_to_detect(cases, tv: float, alpha: float, max_new_tokens: int = 4, sequential: bool = False) -> int:
     """Samples per case so that each statistical case detects ``tv`` at position 1 with power 0.99.
 
-    Sequential runs split each case's alpha over their looks, and the number of looks grows with the
-    sample count: iterate to the fixed point.
+    A sequential run gives its fixed-sample test half of each case's alpha (the anytime test has the
+    other half), and a clean case stops exactly there.
     """
-    from .runner import POWER, look_schedule
+    from .runner import POWER
     from .stats import samples_for_tv
 
     statistical = [c for c in cases if c.mode != "provenance"] or cases
     positions = max(max_new_tokens if c.mode == "generate" else c.scenario.gamma + 1 for c in statistical)
     vocab = max(c.scenario.vocab_size for c in statistical)
-    alpha_position = alpha / len(statistical) / positions
-    samples = samples_for_tv(tv, vocab, alpha_position, POWER)
-    while sequential:
-        needed = samples_for_tv(tv, vocab, alpha_position / len(look_schedule(samples, True)), POWER)
-        if needed <= samples:
-            break
-        samples = needed
-    return samples
+    alpha_position = alpha / len(statistical) / positions / (2 if sequential else 1)
+    return samples_for_tv(tv, vocab, alpha_position, POWER)
 
 
 def _run(args) -> int:

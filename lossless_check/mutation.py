@@ -159,17 +159,13 @@ def _reach(laws: ExactLaws, depth: int) -> list[tuple[tuple, float]]:
     return prefixes
 
 
-def exact_tv(mutant: Mutant) -> float | None:
-    """Exact sample-weighted TV of the output law at ``mutant.position``, as the runner measures it.
-
-    0 for an equivalent mutant; ``None`` if the mutant has no model. The bug must not act before
-    ``mutant.position``: earlier drafts are accepted as from a correct drafter. Trials are grouped
-    by their exact target law, as :meth:`lossless_check.runner.StepCase.position_strata` does.
+def _position_strata(mutant: Mutant) -> list[tuple[np.ndarray, float, np.ndarray]]:
+    """``(p, reach, law)`` per stratum of the output law at ``mutant.position``: the exact target law,
+    the probability that a trial reaches the position in that stratum, and the law the mutant emits
+    there. The bug must not act before ``mutant.position``: earlier drafts are accepted as from a
+    correct drafter. Trials are grouped by their exact target law, as
+    :meth:`lossless_check.runner.StepCase.position_strata` does.
     """
-    if mutant.equivalent:
-        return 0.0
-    if mutant.drafts is None:
-        return None
     laws = exact_laws(mutant)
     strata: dict[bytes, list] = {}
     for prefix, weight in _reach(laws, mutant.position - 1):
@@ -178,8 +174,38 @@ def exact_tv(mutant: Mutant) -> float | None:
         entry = strata.setdefault(p.tobytes(), [p, 0.0, np.zeros_like(p)])
         entry[1] += weight
         entry[2] += weight * emitted
-    total = sum(weight for _, weight, _ in strata.values())
-    return float(sum(0.5 * np.abs(mix - weight * p).sum() for p, weight, mix in strata.values()) / total)
+    return [(p, reach, mix / reach) for p, reach, mix in strata.values()]
+
+
+def exact_tv(mutant: Mutant) -> float | None:
+    """Exact sample-weighted TV of the output law at ``mutant.position``, as the runner measures it.
+
+    0 for an equivalent mutant; ``None`` if the mutant has no model.
+    """
+    if mutant.equivalent:
+        return 0.0
+    if mutant.drafts is None:
+        return None
+    strata = _position_strata(mutant)
+    total = sum(reach for _, reach, _ in strata)
+    return float(sum(reach * 0.5 * np.abs(law - p).sum() for p, reach, law in strata) / total)
+
+
+def information_bound(mutant: Mutant, alpha: float) -> float | None:
+    """``log(1/alpha) / KL``: trials that a test knowing the mutant's law needs, on average, to reject
+    at level ``alpha`` from the evidence at ``mutant.position`` (Wald; ``KL`` is the expected
+    log-likelihood ratio per trial there, the reach probability included). ``0`` when the mutant
+    emits tokens outside the target's support (infinite KL); ``None`` for an equivalent mutant.
+    """
+    if mutant.equivalent or mutant.drafts is None:
+        return None
+    kl = 0.0
+    for p, reach, law in _position_strata(mutant):
+        if (law[p == 0] > 0).any():
+            return 0.0
+        inside = law > 0
+        kl += reach * float(np.sum(law[inside] * np.log(law[inside] / p[inside])))
+    return math.log(1.0 / alpha) / kl
 
 
 def samples_needed(mutant: Mutant, alpha: float) -> int | None:
@@ -207,7 +233,7 @@ def samples_needed(mutant: Mutant, alpha: float) -> int | None:
 
 
 def run_mutant(mutant: Mutant, samples: int, seed: int, alpha: float) -> dict:
-    """Run one mutant in step mode (group-sequential: stops at the first look that rejects) and in
+    """Run one mutant in step mode (sequential: stops at the first trial where the anytime e-value rejects) and in
     provenance mode, and say whether the harness got it right and at how many samples."""
     from .provenance import provenance_check
 

@@ -22,6 +22,7 @@ processed drafter table as ``q``) is a diagnostic: it says whether the drafter s
 from __future__ import annotations
 
 import hashlib
+import math
 import multiprocessing
 import signal
 import threading
@@ -34,18 +35,22 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+from scipy.special import logsumexp
 
 from .adapters import DraftContext, ResolvedGenerator
 from .compat import speculative_sampling
 from .errors import GeneratorFailure, NotApplicable
 from .expected import ExactLaws
 from .scenarios import DEFAULT, Scenario
-from .stats import Stratum, bonferroni_min, holm_correction, law_test, tv_confidence_interval
+from .stats import (Stratum, bonferroni_min, holm_correction, law_test, mixture_log_evalues,
+                    tv_confidence_interval)
 from .stubs import fixed_logits_lm
 from .warpers import capture_processors, format_warpers
 
 #: Power at which ``tv_detectable`` is stated.
 POWER = 0.99
+#: Checks that fail on a single impossible event, whatever the sample size.
+EXACT_CHECKS = ("support", "impossible_draft")
 #: ``max_new_tokens`` of the generation config in step mode: far enough that no candidate is cut.
 STEP_MAX_NEW_TOKENS = 64
 
@@ -68,8 +73,12 @@ class Case:
         return f"{self.generator.spec}|{self.warper_spec}|{self.mode}|{self.scenario.name}"
 
 
-#: Trials per work unit. Each chunk has its own seed, so results do not depend on the worker count.
+#: Trials per work unit once a case is past its first few hundred trials. Each chunk has its own
+#: seed, so results do not depend on the worker count.
 CHUNK = 1000
+#: The first chunks are smaller, so that a sequential run looks early (a bug is often caught within
+#: a few hundred trials) and a fixed run with the same seed sees the same trials.
+FIRST_CHUNKS = (125, 125, 250, 500)
 
 
 def case_seed(seed: int, case: Case, chunk: int = 0) -> int:
@@ -79,18 +88,29 @@ def case_seed(seed: int, case: Case, chunk: int = 0) -> int:
 
 
 def chunk_sizes(samples: int) -> list[int]:
-    return [min(CHUNK, samples - start) for start in range(0, samples, CHUNK)]
+    """Sizes of a case's chunks: :data:`FIRST_CHUNKS`, then :data:`CHUNK` each, the last one cut."""
+    sizes, total = [], 0
+    while total < samples:
+        size = min(FIRST_CHUNKS[len(sizes)] if len(sizes) < len(FIRST_CHUNKS) else CHUNK, samples - total)
+        sizes.append(size)
+        total += size
+    return sizes
 
 
 @dataclass
 class Observations:
-    """What step-mode trials emitted. ``emitted[t, j]`` is -1 past the end of trial ``t``."""
+    """What step-mode trials emitted. ``emitted[t, j]`` is -1 past the end of trial ``t``;
+    ``impossible[t]`` counts the drafts of trial ``t`` that their returned q gives probability 0."""
 
     emitted: np.ndarray
     n_matches: np.ndarray
     gamma: int
-    impossible_drafts: int
+    impossible: np.ndarray
     seconds: float
+
+    @property
+    def impossible_drafts(self) -> int:
+        return int(self.impossible.sum())
 
     @classmethod
     def concatenate(cls, parts: list["Observations"]) -> "Observations":
@@ -101,9 +121,14 @@ class Observations:
             np.concatenate([p.emitted for p in parts]),
             np.concatenate([p.n_matches for p in parts]),
             parts[0].gamma,
-            sum(p.impossible_drafts for p in parts),
+            np.concatenate([p.impossible for p in parts]),
             sum(p.seconds for p in parts),
         )
+
+    def head(self, trials: int) -> "Observations":
+        """The first ``trials`` trials (the seconds scaled to them)."""
+        return Observations(self.emitted[:trials], self.n_matches[:trials], self.gamma, self.impossible[:trials],
+                            self.seconds * trials / len(self.n_matches))
 
 
 @dataclass
@@ -135,6 +160,7 @@ class CaseResult:
     empirical_law: list[float] | None = None  # position 1
     expected_law: list[float] | None = None  # position 1
     provenance: dict | None = None  # provenance sub-verdict (modes provenance and all)
+    log_e_value: float | None = None  # sequential runs: natural log of the largest anytime e-value seen
     failed_checks: list[str] = field(default_factory=list)  # checks that make the verdict not_lossless
     # Checks that assume the drafter samples the processed drafter table (acceptance law, rejection
     # residuals): they explain a failure but do not define one, since any honest q is lossless.
@@ -152,6 +178,10 @@ class CaseResult:
             parts.append("emitted a token the target gives probability 0")
         if "impossible_draft" in self.failed_checks:
             parts.append("drafted a token its returned q gives probability 0")
+        if "e_value" in self.failed_checks:
+            strongest = max(self.positions, key=lambda p: p["log_e_value"])["position"]
+            parts.append(f"anytime e-value e^{self.log_e_value:.1f} >= 2/alpha after {self.samples} trials "
+                         f"(most evidence at position {strongest})")
         bad = [p for p in self.positions if f"output_law@{p['position']}" in self.failed_checks]
         for p in bad:
             parts.append(
@@ -225,6 +255,26 @@ class StepCase:
         )
         self.laws = ExactLaws(scenario, self.processors)
         self.verify = speculative_sampling()
+        self._target_logits: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def target_logits(self, candidate_ids: torch.Tensor) -> torch.Tensor:
+        """The verifier's ``new_logits``: the target's logits at every candidate position, each
+        processed by the real processors with the candidate prefix as history, as ``_assisted_decoding``
+        computes them.
+
+        They are a deterministic function of the candidate sequence (fixed tables, deterministic
+        processors), and a small vocabulary has few distinct sequences: each is computed once per
+        case and process, and the verifier gets a fresh copy every trial.
+        """
+        key = tuple(candidate_ids[0].tolist())
+        cached = self._target_logits.get(key)
+        if cached is None:
+            length, gamma = self.prompt_ids.shape[1], candidate_ids.shape[1] - self.prompt_ids.shape[1]
+            cached = self.target(candidate_ids).logits[:, -gamma - 1 :].to(torch.float32)
+            for i in range(gamma + 1):
+                cached[:, i, :] = self.processors(candidate_ids[:, : length + i], cached[:, i, :])
+            self._target_logits[key] = cached
+        return cached.clone()
 
     def context(self) -> DraftContext:
         return DraftContext(
@@ -248,7 +298,7 @@ class StepCase:
             raise GeneratorFailure(f"building the generator raised {one_line(exc)}") from exc
         emitted = None
         n_matches = np.zeros(samples, dtype=np.int64)
-        impossible = 0
+        impossible = np.zeros(samples, dtype=np.int64)
         started = time.perf_counter()
         with torch.no_grad():
             for t in range(samples):
@@ -270,11 +320,8 @@ class StepCase:
                 # As _assisted_decoding: the verifier gets candidate_logits in the dtype returned.
                 drafts = candidate_ids[0, length:]
                 q_of_drafts = torch.softmax(candidate_logits[0], dim=-1).gather(-1, drafts[:, None])
-                impossible += int((q_of_drafts == 0).sum())
-                new_logits = self.target(candidate_ids).logits[:, -gamma - 1 :].to(torch.float32)
-                for i in range(gamma + 1):
-                    new_logits[:, i, :] = self.processors(candidate_ids[:, : length + i], new_logits[:, i, :])
-                valid_tokens, n = self.verify(candidate_ids, candidate_logits, gamma, new_logits)
+                impossible[t] = int((q_of_drafts == 0).sum())
+                valid_tokens, n = self.verify(candidate_ids, candidate_logits, gamma, self.target_logits(candidate_ids))
                 tokens = valid_tokens[0].numpy()
                 emitted[t, : len(tokens)] = tokens
                 n_matches[t] = int(n)
@@ -295,18 +342,52 @@ class StepCase:
         return self._strata(rejected, position, self.laws.residual)
 
     def _strata(self, rows: np.ndarray, position: int, law_of) -> list[Stratum]:
-        prefixes = defaultdict(list)
-        for row in rows[:, : position + 1]:
-            prefixes[tuple(int(x) for x in row[:position])].append(int(row[position]))
+        ids, laws = self._stratify(rows, position, law_of)
         vocab = self.case.scenario.vocab_size
-        groups: dict[bytes, list] = {}
-        for prefix, tokens in prefixes.items():
-            law = law_of(prefix)
-            if law is None:
-                continue
-            entry = groups.setdefault(law.tobytes(), [law, np.zeros(vocab, dtype=np.int64)])
-            entry[1] += np.bincount(tokens, minlength=vocab)
-        return [Stratum(counts, law) for law, counts in groups.values()]
+        kept = ids >= 0
+        counts = np.bincount(ids[kept] * vocab + rows[kept, position], minlength=len(laws) * vocab)
+        return [Stratum(c, law) for c, law in zip(counts.reshape(len(laws), vocab), laws)]
+
+    @staticmethod
+    def _stratify(rows: np.ndarray, position: int, law_of) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Stratum of every row at ``position``: rows with the same exact law (given their prefix)
+        share one; -1 where ``law_of`` has no law."""
+        laws: list[np.ndarray] = []
+        index: dict[bytes, int] = {}
+        of_prefix: dict[tuple, int] = {}
+        ids = np.empty(len(rows), dtype=np.int64)
+        for r, row in enumerate(rows[:, :position].tolist()):
+            prefix = tuple(row)
+            if prefix not in of_prefix:
+                law = law_of(prefix)
+                if law is None:
+                    of_prefix[prefix] = -1
+                else:
+                    of_prefix[prefix] = index.setdefault(law.tobytes(), len(laws))
+                    if of_prefix[prefix] == len(laws):
+                        laws.append(law)
+            ids[r] = of_prefix[prefix]
+        return ids, laws
+
+    def log_evalues(self, obs: Observations) -> np.ndarray:
+        """Running log e-values of the output laws, ``(gamma + 2, trials)``: one row per position
+        (:func:`lossless_check.stats.mixture_log_evalues` over the trials that reached it, strata as
+        in :meth:`position_strata`), then their product (all positions' evidence together).
+
+        Every row is a test martingale over trials for a lossless round: given the earlier trials and
+        the earlier positions of its own trial, a trial's token at position ``j`` follows
+        ``p_j(. | prefix)`` whenever it reached ``j``.
+        """
+        rows = []
+        for j in range(obs.gamma + 1):
+            reached = np.flatnonzero(obs.emitted[:, j] >= 0)
+            ids, laws = self._stratify(obs.emitted[reached], j, self.laws.target)
+            running = mixture_log_evalues(ids, obs.emitted[reached, j], laws)
+            per_trial = np.zeros(len(obs.n_matches))
+            per_trial[reached] = np.diff(running, prepend=0.0)
+            rows.append(np.cumsum(per_trial))
+        rows.append(np.sum(rows, axis=0))
+        return np.array(rows)
 
 
 def position_tests(result: CaseResult, strata_by_position: list[list[Stratum]], alpha_case: float) -> int:
@@ -474,7 +555,9 @@ def collect_chunk(case: Case, seed: int, chunk: int, size: int,
         return exc
 
 
-def _finish(case: Case, parts: list, alpha_case: float) -> CaseResult:
+def _finish(case: Case, parts: list, alpha_case: float, sequential: bool = False,
+            final: bool = True) -> CaseResult | None:
+    """The case's result from its chunks so far; ``None`` when a sequential case goes on."""
     failures = [p for p in parts if isinstance(p, (GeneratorFailure, NotApplicable))]
     result = CaseResult(case.generator.display_name, case.warper_spec, case.mode, case.scenario.name)
     if failures:
@@ -486,19 +569,59 @@ def _finish(case: Case, parts: list, alpha_case: float) -> CaseResult:
     except GeneratorFailure as exc:
         result.verdict, result.reason = "error", str(exc)
         return result
+    if sequential:
+        return sequential_analysis(_step_case(case), obs, alpha_case, final)
     return analyse(_step_case(case), obs, alpha_case)
+
+
+def sequential_analysis(step: StepCase, obs: Observations, alpha_case: float, final: bool) -> CaseResult | None:
+    """A sequential case at one look: its result if it stops here, else ``None``.
+
+    ``alpha_case`` is split in halves. One half goes to an anytime-valid test: the mean of the
+    test martingales of :meth:`StepCase.log_evalues` (one per position, and their product) is
+    watched after every trial, and the case stops at the first trial where it reaches
+    ``2 / alpha_case`` (Ville's inequality: under the null this happens with probability at most
+    ``alpha_case / 2``, however long the run). The other half goes to the fixed-sample test of
+    :func:`analyse` at the planned sample count, which gives the ``tv_detectable`` guarantee of a
+    clean pass. An exact failure stops the case at the look that sees it.
+    """
+    log_e = step.log_evalues(obs)
+    combined = logsumexp(log_e, axis=0) - math.log(len(log_e))
+    crossed = np.flatnonzero(combined >= math.log(2.0 / alpha_case))
+    rejected = crossed.size > 0
+    if rejected:
+        obs = obs.head(int(crossed[0]) + 1)
+    result = analyse(step, obs, alpha_case / 2)
+    if not (rejected or final or result.exact_failure):
+        return None
+    trials = len(obs.n_matches)
+    result.log_e_value = float(combined[:trials].max())
+    p_anytime = min(1.0, math.exp(-result.log_e_value))
+    if final and not rejected:
+        result.p_value = min(1.0, 2 * min(p_anytime, result.p_value))
+    else:
+        # Stopped before the planned sample count: the fixed-sample test's level does not hold here.
+        result.p_value = min(1.0, 2 * p_anytime)
+        result.failed_checks = [c for c in result.failed_checks if c in EXACT_CHECKS]
+        if rejected:
+            result.failed_checks.append("e_value")
+    for entry, row in zip(result.positions, log_e):
+        entry["log_e_value"] = float(row[trials - 1])
+    result.alpha_case = alpha_case
+    return result
 
 
 def look_schedule(samples: int, sequential: bool) -> list[int]:
     """Cumulative sample counts at which a case is analysed.
 
-    Fixed-N: one look at ``samples``. Sequential (group-sequential): looks at 1, 2, 4, 8, ... chunks
-    and at ``samples``. Looks fall on chunk boundaries, so a sequential run sees exactly the data of
-    the fixed-N run with the same seed, cut short.
+    Fixed-N: one look at ``samples``. Sequential: looks at 125, 250, 500, 1000, 2000, ... trials and
+    at ``samples`` (the anytime test is checked at every trial; the looks only decide how much work
+    is done before checking). Looks fall on chunk boundaries, so a sequential run sees exactly the
+    data of the fixed-N run with the same seed, cut short.
     """
     if not sequential:
         return [samples]
-    looks, n = [], CHUNK
+    looks, n = [], FIRST_CHUNKS[0]
     while n < samples:
         looks.append(n)
         n *= 2
@@ -527,10 +650,9 @@ def execute(cases: list[Case], samples: int, seed: int, alpha_case: float, worke
             timeout: float = CHUNK_TIMEOUT) -> list[CaseResult]:
     """Run every case's trials in chunks, on ``workers`` processes; results do not depend on ``workers``.
 
-    ``sequential``: analyse at each look of :func:`look_schedule` and stop a case at the first look
-    that rejects. The ``K`` looks share the case's alpha equally (Bonferroni over looks: a rejection
-    at any look has probability at most ``alpha_case`` under the null), and the case's p-value is
-    ``min_k K * p_k``. A chunk running past ``timeout`` seconds makes its case an ``error``.
+    ``sequential``: analyse at each look of :func:`look_schedule` and stop a case as
+    :func:`sequential_analysis` says. A chunk running past ``timeout`` seconds makes its case an
+    ``error``.
     """
     results: list[CaseResult | None] = [None] * len(cases)
     active = []
@@ -551,26 +673,20 @@ def execute(cases: list[Case], samples: int, seed: int, alpha_case: float, worke
     try:
         done_chunks = 0
         for look, n_look in enumerate(looks, 1):
+            final = look == len(looks)
             chunks = range(done_chunks, len(chunk_sizes(n_look)))
             done_chunks = len(chunk_sizes(n_look))
             computed = _compute([(i, c, sizes[c]) for i in active for c in chunks], cases, seed, pool, progress,
                                 timeout)
             for index in list(active):
                 parts[index] += [computed[(index, c)] for c in chunks]
-                if look < len(looks) and any(isinstance(p, (GeneratorFailure, NotApplicable)) for p in parts[index]):
-                    results[index] = _finish(cases[index], parts[index], alpha_case)
-                    active.remove(index)
+                failed = any(isinstance(p, (GeneratorFailure, NotApplicable)) for p in parts[index])
+                if not (final or sequential or failed):
                     continue
-                if look == len(looks) or sequential:
-                    result = _finish(cases[index], parts[index], alpha_case / len(looks))
-                    if result.p_value is not None and len(looks) > 1:
-                        previous = results[index].p_value if results[index] is not None else 1.0
-                        result.p_value = min(previous, min(1.0, len(looks) * result.p_value))
-                        result.alpha_case = alpha_case
+                result = _finish(cases[index], parts[index], alpha_case, sequential, final)
+                if result is not None:
                     results[index] = result
-                    if result.verdict in ("error", "skipped") or result.exact_failure or (
-                            result.p_value is not None and result.p_value <= alpha_case):
-                        active.remove(index)
+                    active.remove(index)
     finally:
         if pool is not None:
             pool.shutdown()

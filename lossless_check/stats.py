@@ -219,6 +219,37 @@ def tv_confidence_interval(strata: Sequence[Stratum], confidence: float = 0.95) 
     return max(0.0, tv_hat - half), min(1.0, tv_hat + half)
 
 
+def mixture_log_evalues(strata: np.ndarray, tokens: np.ndarray, laws: Sequence[np.ndarray]) -> np.ndarray:
+    """Running log e-value of a stream of observations against exact laws (an anytime-valid test).
+
+    Observation ``t`` is token ``tokens[t]`` of stratum ``strata[t]``, whose null law is
+    ``laws[strata[t]]``. Each stratum bets with the Krichevsky-Trofimov predictor (the
+    Dirichlet(1/2) mixture over the null law's support): the increment is
+    ``log KT(x_t | earlier x of its stratum) - log p(x_t)``. The cumulative sum is the log of a
+    nonnegative martingale with mean 1 under the null whenever each observation, given everything
+    observed before it, follows its stratum's law, so by Ville's inequality
+    ``P(exists t: E_t >= 1/alpha) <= alpha``: it may be looked at after every observation.
+
+    Against a true law ``r`` it grows like ``n KL(r || p) - (K - 1)/2 log n`` (``K`` the support
+    size), which is within that regret of the optimal likelihood-ratio test that knows ``r``.
+    Observations outside their law's support add nothing here: they are exact failures.
+    """
+    increments = np.zeros(len(tokens))
+    for s, law in enumerate(laws):
+        where = np.flatnonzero(strata == s)
+        if where.size == 0:
+            continue
+        x = tokens[where]
+        inside = law[x] > 0
+        where, x = where[inside], x[inside]
+        seen = np.zeros((x.size, law.size), dtype=np.int64)
+        seen[np.arange(x.size), x] = 1
+        before = (np.cumsum(seen, axis=0) - seen)[np.arange(x.size), x]
+        k = int((law > 0).sum())
+        increments[where] = np.log((before + 0.5) / (np.arange(x.size) + 0.5 * k)) - np.log(law[x])
+    return np.cumsum(increments)
+
+
 def holm_correction(pvalues: Sequence[float]) -> np.ndarray:
     """Holm step-down adjusted p-values: reject ``i`` at family rate ``a`` iff ``adjusted[i] <= a``.
 

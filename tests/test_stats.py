@@ -11,6 +11,7 @@ from lossless_check.stats import (
     detectable_tv,
     holm_correction,
     law_test,
+    mixture_log_evalues,
     samples_for_tv,
     tv_confidence_interval,
 )
@@ -120,3 +121,45 @@ def test_pvalues_are_in_range_and_statistic_is_a_tv(weights, seed):
 def test_all_samples_outside_the_support_is_a_clean_exact_failure():
     result = law_test([Stratum(np.array([0, 0, 7]), np.array([0.5, 0.5, 0.0]))], 1e-6)
     assert result.support_violations == 7 and result.chi2 is None
+
+
+def test_anytime_evalue_keeps_its_level_over_the_whole_stream():
+    """Ville's inequality, measured: null streams of 400 two-strata observations, watched after every
+    observation, cross 1/alpha in at most an alpha share of runs (one-sided binomial test of that
+    claim, false-failure rate 1e-3)."""
+    rng = np.random.default_rng(2024)
+    laws = [P, np.full(8, 1 / 8)]
+    cdfs = np.cumsum(laws, axis=1)
+    alpha, runs, crossings = 0.1, 1500, 0
+    for _ in range(runs):
+        strata = rng.integers(0, 2, 400)
+        tokens = np.minimum((rng.random(400)[:, None] > cdfs[strata]).sum(axis=1), 7)
+        crossings += mixture_log_evalues(strata, tokens, laws).max() >= np.log(1 / alpha)
+    assert sps.binomtest(int(crossings), runs, alpha, alternative="greater").pvalue > 1e-3
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 3000), st.integers(0, 2**32 - 1))
+def test_anytime_evalue_is_the_kt_mixture_and_within_its_regret_of_the_best_alternative(n, seed):
+    """The running e-value is exactly the Krichevsky-Trofimov mixture likelihood ratio, so after any
+    n draws its log is at least n KL(empirical || p) minus the KT regret
+    (K - 1)/2 log n + log(Gamma(1/2)^K / Gamma(K/2)): the power the sequential runner relies on."""
+    from scipy.special import gammaln
+
+    rng = np.random.default_rng(seed)
+    tokens = rng.choice(8, n, p=rng.dirichlet(np.full(8, 0.5)))
+    log_e = mixture_log_evalues(np.zeros(n, dtype=int), tokens, [P])[-1]
+    counts = np.bincount(tokens, minlength=8)
+    k = len(P)
+    log_kt = gammaln(k / 2) - k * gammaln(0.5) + gammaln(counts + 0.5).sum() - gammaln(n + k / 2)
+    assert log_e == pytest.approx(log_kt - np.sum(counts * np.log(P)), rel=1e-9, abs=1e-9)
+    seen = counts > 0
+    best = np.sum(counts[seen] * np.log(counts[seen] / n / P[seen]))  # n KL(empirical || p)
+    assert log_e >= best - ((k - 1) / 2 * np.log(n) + k * gammaln(0.5) - gammaln(k / 2))
+
+
+def test_anytime_evalue_ignores_tokens_outside_the_support():
+    """Those are exact failures, checked elsewhere; they must not break the martingale."""
+    law = np.array([0.5, 0.5, 0.0])
+    log_e = mixture_log_evalues(np.zeros(3, dtype=int), np.array([0, 2, 1]), [law])
+    assert np.isfinite(log_e).all() and log_e[1] == log_e[0]
