@@ -42,6 +42,7 @@ from lossless_check.cli import DEFAULT_SAMPLES  # noqa: E402
 from lossless_check.cli import samples_to_detect  # noqa: E402
 from lossless_check.mutation import MUTANTS, information_bound, samples_needed  # noqa: E402
 from lossless_check.matrix import matrix  # noqa: E402
+from lossless_check.modes import run_modes  # noqa: E402
 from lossless_check.runner import Case, StepCase, execute, run  # noqa: E402
 from lossless_check.scenarios import DEFAULT, IID, SCENARIOS  # noqa: E402
 
@@ -125,15 +126,20 @@ def clean_pass(tv: float) -> dict:
             "tv_detectable": result.tv_detectable}
 
 
-def matrix_wall_time(samples: int, workers: int) -> dict:
-    cases = [Case(resolve_generator(g), w, scenario=DEFAULT) for g in ADAPTERS for w in matrix("default")]
-    started = time.perf_counter()
-    results = execute(cases, samples, 0, ALPHA / len(cases), workers)
-    seconds = time.perf_counter() - started
-    ran = [r for r in results if r.verdict not in ("skipped", "error")]
-    return {"cases": len(cases), "ran": len(ran), "samples": samples, "workers": workers, "seconds": seconds,
-            "scaled_to_default_samples_minutes": seconds * DEFAULT_SAMPLES / samples / 60,
-            "default_samples": DEFAULT_SAMPLES}
+def matrix_wall_time(samples: int, workers: int) -> list[dict]:
+    """``--matrix default`` over every generator in each mode, at ``samples`` per case, scaled to the
+    default sample count (provenance does not sample: its time is not scaled)."""
+    rows = []
+    for mode in ("step", "provenance", "generate"):
+        cases = [Case(resolve_generator(g), w, mode, DEFAULT) for g in ADAPTERS for w in matrix("default")]
+        started = time.perf_counter()
+        results = run_modes(cases, samples, ALPHA, 0, workers).cases
+        seconds = time.perf_counter() - started
+        scale = 1 if mode == "provenance" else DEFAULT_SAMPLES / samples
+        rows.append({"mode": mode, "cases": len(cases), "ran": sum(r.verdict not in ("skipped", "error") for r in results),
+                     "samples": samples, "workers": workers, "seconds": seconds,
+                     "scaled_to_default_samples_minutes": seconds * scale / 60, "default_samples": DEFAULT_SAMPLES})
+    return rows
 
 
 def main() -> None:
@@ -181,10 +187,10 @@ def main() -> None:
     c = report["clean_pass"]
     console.print(f"clean pass, --sequential --detect-tv {c['detect_tv']}: planned {c['planned_samples']}, stopped at "
                   f"{c['samples']} ({c['verdict']}, tv_detectable {c['tv_detectable']:.4f})")
-    m = report["matrix"]
-    console.print(f"default matrix: {m['cases']} cases ({m['ran']} ran) x {m['samples']} samples, {m['workers']} "
-                  f"workers: {m['seconds']:.0f}s; scaled to {m['default_samples']} samples: "
-                  f"{m['scaled_to_default_samples_minutes']:.1f} min")
+    for m in report["matrix"]:
+        console.print(f"default matrix, {m['mode']} mode: {m['cases']} cases ({m['ran']} ran) x {m['samples']} samples, "
+                      f"{m['workers']} workers: {m['seconds']:.0f}s; at {m['default_samples']} samples: "
+                      f"{m['scaled_to_default_samples_minutes']:.1f} min")
     print(json.dumps(report, indent=2))
     if args.json:
         with open(args.json, "w") as handle:

@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import copy
 import inspect
+import multiprocessing
 import time
 from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable
@@ -38,7 +40,7 @@ from .adapters import DraftContext
 from .adapters.assisted import assistant_for, constant_drafts
 from .errors import GeneratorFailure
 from .expected import ExactLaws
-from .runner import Case, CaseResult, case_seed, one_line, position_tests
+from .runner import Case, CaseResult, case_seed, init_worker, one_line, position_tests
 from .stats import Stratum
 from .stubs import fixed_logits_lm
 from .warpers import capture_processors
@@ -343,5 +345,25 @@ def run_generate_case(case: Case, samples: int, seed: int, alpha_case: float, ma
     return analyse(case, setup, gens, alpha_case)
 
 
-__all__ = ["GenerateCaseResult", "TINY_LLAMA", "TinyLlamaScenario", "run_generate_case",
+def run_generate_cases(cases: list[Case], samples: int, seed: int, alpha_case: float, max_new_tokens: int = 4,
+                       workers: int = 1, progress: Callable[[int], None] | None = None) -> list[CaseResult]:
+    """:func:`run_generate_case` for every case, on ``workers`` processes (one case per task).
+
+    Each case seeds itself from the run seed and its own key, so the results do not depend on
+    ``workers``. With several workers, progress advances a whole case at a time.
+    """
+    if workers <= 1 or len(cases) < 2:
+        return [run_generate_case(case, samples, seed, alpha_case, max_new_tokens, progress) for case in cases]
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=init_worker) as pool:
+        futures = [pool.submit(run_generate_case, case, samples, seed, alpha_case, max_new_tokens) for case in cases]
+        results = []
+        for future in futures:
+            results.append(future.result())
+            if progress is not None:
+                progress(samples)
+    return results
+
+
+__all__ = ["GenerateCaseResult", "TINY_LLAMA", "TinyLlamaScenario", "run_generate_case", "run_generate_cases",
            "tiny_llama_pair"]

@@ -78,11 +78,12 @@ def run_modes(cases: list[Case], samples: int, alpha: float, seed: int, workers:
     step_results = execute([replace(cases[i], mode="step") for i in step_indices], samples, seed, alpha_case,
                            workers, progress, sequential, timeout or CHUNK_TIMEOUT)
     results.update(zip(step_indices, step_results))
-    for i, case in enumerate(cases):
-        if case.mode == "generate":
-            from .generate_mode import run_generate_case
+    generate_indices = [i for i, c in enumerate(cases) if c.mode == "generate"]
+    if generate_indices:
+        from .generate_mode import run_generate_cases
 
-            results[i] = run_generate_case(case, samples, seed, alpha_case, max_new_tokens, progress)
+        results.update(zip(generate_indices, run_generate_cases([cases[i] for i in generate_indices], samples, seed,
+                                                                alpha_case, max_new_tokens, workers, progress)))
     decide([results[i] for i in sorted(results)], alpha)
     for i, case in enumerate(cases):
         if case.mode == "provenance":

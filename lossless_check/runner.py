@@ -669,7 +669,7 @@ def execute(cases: list[Case], samples: int, seed: int, alpha_case: float, worke
     parts: dict[int, list] = defaultdict(list)
     pool = None
     if workers > 1 and active:
-        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init)
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=init_worker)
     try:
         done_chunks = 0
         for look, n_look in enumerate(looks, 1):
@@ -693,7 +693,8 @@ def execute(cases: list[Case], samples: int, seed: int, alpha_case: float, worke
     return results  # type: ignore[return-value]
 
 
-def _worker_init() -> None:
+def init_worker() -> None:
+    """Initializer of a worker process of a run's pool."""
     # Each worker owns one core: a torch thread pool per worker would oversubscribe.
     torch.set_num_threads(1)
     from transformers.utils import logging as hf_logging

@@ -110,3 +110,16 @@ def test_prompt_lookup_through_the_real_loop_is_lossless():
     result = generate_case("PromptLookupCandidateGenerator", {"top_k": 3}, DEFAULT, samples=200)
     assert result.verdict == "lossless", result.reason
     assert result.mean_rounds < 4  # some drafts were accepted: the lookup path really ran
+
+
+def test_generate_cases_give_the_same_results_on_any_number_of_workers():
+    from lossless_check.generate_mode import run_generate_cases
+
+    cases = [Case(resolve_generator(g), w, "generate", DEFAULT)
+             for g in (ASSISTED, "PromptLookupCandidateGenerator") for w in ({"top_k": 3}, {"temperature": 0.7})]
+
+    def summary(workers):
+        return [(r.verdict, r.tv, r.p_value, r.mean_rounds)
+                for r in run_generate_cases(cases, 60, 0, ALPHA, workers=workers)]
+
+    assert summary(1) == summary(2)
