@@ -86,7 +86,8 @@ def overhead(generator: str, trials: int, blocks: int = 4) -> dict:
 
 def scaling(samples: int) -> dict:
     stacks = ({}, {"top_k": 3}, {"temperature": 0.6}, {"top_p": 0.7})
-    cases = [Case(resolve_generator("DFlashTokenCandidateGenerator"), w, scenario=IID) for w in stacks]
+    cases = [Case(resolve_generator(g), w, scenario=IID) for g in ("DFlashTokenCandidateGenerator",
+                                                                   "AssistedCandidateGenerator") for w in stacks]
     timings, outputs = {}, {}
     for workers in (1, 2):
         started = time.perf_counter()
@@ -150,7 +151,7 @@ def main() -> None:
     size = 200 if args.quick else 1000
     report = {
         "overhead": [overhead(g, size) for g in ("DFlashTokenCandidateGenerator", "AssistedCandidateGenerator")],
-        "scaling": scaling(size * 4),
+        "scaling": scaling(size * 2),
         "samples_to_verdict": samples_to_verdict(2 if args.quick else 8, 5000),
         "clean_pass": clean_pass(0.2 if args.quick else 0.1),
         "matrix": matrix_wall_time(50 if args.quick else 200, 2),

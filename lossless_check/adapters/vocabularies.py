@@ -51,7 +51,9 @@ def word_level_tokenizer(words: list[str]):
         def get_vocab(self) -> dict[str, int]:
             return dict(sorted(super().get_vocab().items()))
 
-    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=None))
+    # A word outside the vocabulary (an assistant-only word, given to the target's tokenizer) reads as
+    # word 0: a real tokenizer encodes any text (byte fallback) rather than fail.
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[0]))
     # With no decoder set, decoding joins the words with single spaces: text round-trips exactly.
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return AlphabeticalVocabTokenizer(tokenizer_object=backend)
