@@ -161,6 +161,15 @@ def test_different_tokenizers_drafts_but_returns_no_q_so_step_mode_does_not_appl
     assert case.verdict == "skipped" and "returns no candidate_logits" in case.reason
 
 
+def test_different_tokenizers_survives_drafts_of_assistant_only_words():
+    """Banning every repeated token leaves the assistant-only words to draft; the target's tokenizer
+    must read them back (as a real tokenizer would), not raise."""
+    case = Case(resolve_generator("AssistedCandidateGeneratorDifferentTokenizers"), {"no_repeat_ngram_size": 1},
+                scenario=DEFAULT)
+    result = run([case], 50, 1e-6, seed=0).cases[0]
+    assert result.verdict == "skipped" and "returns no candidate_logits" in result.reason
+
+
 def test_prompt_lookup_copies_an_earlier_ngram_but_returns_no_q_so_step_mode_does_not_apply():
     _, session = session_for("PromptLookupCandidateGenerator")
     candidates, logits = session.draft(torch.tensor([[3, 1, 4, 2, 3, 1]]))
