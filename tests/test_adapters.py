@@ -162,10 +162,10 @@ def test_different_tokenizers_drafts_but_returns_no_q_so_step_mode_does_not_appl
 
 
 def test_different_tokenizers_survives_drafts_of_assistant_only_words():
-    """Banning every repeated token leaves the assistant-only words to draft; the target's tokenizer
+    """Top-p plus a ban on every repeated token leaves assistant-only words to draft; the target's tokenizer
     must read them back (as a real tokenizer would), not raise."""
-    case = Case(resolve_generator("AssistedCandidateGeneratorDifferentTokenizers"), {"no_repeat_ngram_size": 1},
-                scenario=DEFAULT)
+    warpers = {"top_p": 0.7, "no_repeat_ngram_size": 1, "sequence_bias": [[[1], 2.0], [[4, 2], -3.0]]}
+    case = Case(resolve_generator("AssistedCandidateGeneratorDifferentTokenizers"), warpers, scenario=DEFAULT)
     result = run([case], 50, 1e-6, seed=0).cases[0]
     assert result.verdict == "skipped" and "returns no candidate_logits" in result.reason
 
