@@ -100,13 +100,19 @@ def chunk_sizes(samples: int) -> list[int]:
 @dataclass
 class Observations:
     """What step-mode trials emitted. ``emitted[t, j]`` is -1 past the end of trial ``t``;
-    ``impossible[t]`` counts the drafts of trial ``t`` that their returned q gives probability 0."""
+    ``drafts[t]`` is its draft length (a drafter may stop early, at EOS); ``impossible[t]`` counts
+    its drafts that their returned q gives probability 0."""
 
     emitted: np.ndarray
     n_matches: np.ndarray
-    gamma: int
+    drafts: np.ndarray
     impossible: np.ndarray
     seconds: float
+
+    @property
+    def gamma(self) -> int:
+        """The longest draft."""
+        return self.emitted.shape[1] - 1
 
     @property
     def impossible_drafts(self) -> int:
@@ -114,21 +120,24 @@ class Observations:
 
     @classmethod
     def concatenate(cls, parts: list["Observations"]) -> "Observations":
-        widths = {p.emitted.shape[1] for p in parts}
-        if len(widths) != 1:
-            raise GeneratorFailure(f"draft length changed between identical rounds ({sorted(w - 1 for w in widths)})")
+        width = max(p.emitted.shape[1] for p in parts)
         return cls(
-            np.concatenate([p.emitted for p in parts]),
+            np.concatenate([_widen(p.emitted, width) for p in parts]),
             np.concatenate([p.n_matches for p in parts]),
-            parts[0].gamma,
+            np.concatenate([p.drafts for p in parts]),
             np.concatenate([p.impossible for p in parts]),
             sum(p.seconds for p in parts),
         )
 
     def head(self, trials: int) -> "Observations":
         """The first ``trials`` trials (the seconds scaled to them)."""
-        return Observations(self.emitted[:trials], self.n_matches[:trials], self.gamma, self.impossible[:trials],
-                            self.seconds * trials / len(self.n_matches))
+        return Observations(self.emitted[:trials], self.n_matches[:trials], self.drafts[:trials],
+                            self.impossible[:trials], self.seconds * trials / len(self.n_matches))
+
+
+def _widen(emitted: np.ndarray, width: int) -> np.ndarray:
+    """``emitted`` padded with -1 (nothing emitted) to ``width`` columns."""
+    return np.pad(emitted, ((0, 0), (0, width - emitted.shape[1])), constant_values=-1)
 
 
 @dataclass
@@ -190,6 +199,8 @@ class CaseResult:
             )
         if self.verdict == "lossless" and not parts:
             parts.append(f"TV {self.tv:.4f}; would detect TV >= {self.tv_detectable:.4f} with power {POWER}")
+        if self.expected_acceptance_rate is None and self.acceptance_rate is not None:
+            parts.append(f"acceptance rate {self.acceptance_rate:.3f} (no theory: drafts of varying length)")
         if self.expected_acceptance_rate is not None:
             excess = self.acceptance_rate - self.expected_acceptance_rate
             flag = " (acceptance law differs from theory)" if "acceptance_law" in self.diagnostics else ""
@@ -296,8 +307,9 @@ class StepCase:
             session = self.case.generator.adapter.session(self.context())
         except Exception as exc:  # noqa: BLE001 - the generator under test failed to build
             raise GeneratorFailure(f"building the generator raised {one_line(exc)}") from exc
-        emitted = None
+        emitted = np.full((samples, 1), -1, dtype=np.int64)
         n_matches = np.zeros(samples, dtype=np.int64)
+        drafts = np.zeros(samples, dtype=np.int64)
         impossible = np.zeros(samples, dtype=np.int64)
         started = time.perf_counter()
         with torch.no_grad():
@@ -313,13 +325,11 @@ class StepCase:
                         "returns no candidate_logits: _assisted_decoding then samples the target at every position "
                         "(no q to check), so step mode does not apply"
                     )
-                if emitted is None:
-                    emitted = np.full((samples, gamma + 1), -1, dtype=np.int64)
-                elif gamma != emitted.shape[1] - 1:
-                    raise GeneratorFailure(f"draft length changed between identical rounds ({emitted.shape[1] - 1} -> {gamma})")
+                if gamma + 1 > emitted.shape[1]:
+                    emitted = _widen(emitted, gamma + 1)
+                drafts[t] = gamma
                 # As _assisted_decoding: the verifier gets candidate_logits in the dtype returned.
-                drafts = candidate_ids[0, length:]
-                q_of_drafts = torch.softmax(candidate_logits[0], dim=-1).gather(-1, drafts[:, None])
+                q_of_drafts = torch.softmax(candidate_logits[0], dim=-1).gather(-1, candidate_ids[0, length:, None])
                 impossible[t] = int((q_of_drafts == 0).sum())
                 valid_tokens, n = self.verify(candidate_ids, candidate_logits, gamma, self.target_logits(candidate_ids))
                 tokens = valid_tokens[0].numpy()
@@ -327,18 +337,19 @@ class StepCase:
                 n_matches[t] = int(n)
                 if progress is not None:
                     progress(1)
-        return Observations(emitted, n_matches, emitted.shape[1] - 1, impossible, time.perf_counter() - started)
+        return Observations(emitted, n_matches, drafts, impossible, time.perf_counter() - started)
 
     def position_strata(self, obs: Observations, position: int) -> list[Stratum]:
         """Strata for output position ``position`` (0-based): trials grouped by their exact target law."""
         return self._strata(obs.emitted[obs.emitted[:, position] >= 0], position, self.laws.target)
 
     def residual_strata(self, obs: Observations, position: int) -> list[Stratum]:
-        """Trials whose draft ``position + 1`` was rejected, against ``normalize(max(p - q, 0))``.
+        """Trials whose draft ``position + 1`` was rejected (not missing: a draft that stopped early
+        ends in a token sampled from ``p``), against ``normalize(max(p - q, 0))``.
 
         ``q`` is the processed drafter table, the law a correct drafter samples from.
         """
-        rejected = obs.emitted[obs.n_matches == position]
+        rejected = obs.emitted[(obs.n_matches == position) & (obs.drafts > position)]
         return self._strata(rejected, position, self.laws.residual)
 
     def _strata(self, rows: np.ndarray, position: int, law_of) -> list[Stratum]:
@@ -454,9 +465,10 @@ def analyse(step: StepCase, obs: Observations, alpha_case: float) -> CaseResult:
         if residual.n and residual.rejects(alpha_position):
             diagnostics.append(f"residual@{j + 1}")
 
-    result.acceptance_rate = float(obs.n_matches.mean() / gamma)
+    result.acceptance_rate = float(obs.n_matches.sum() / obs.drafts.sum())
     result.acceptance_law = (np.bincount(obs.n_matches, minlength=gamma + 1) / len(obs.n_matches)).tolist()
-    law = step.laws.acceptance_law(gamma)
+    # The theory is for drafts of one length; a drafter that stops early (at EOS) has no such law.
+    law = step.laws.acceptance_law(gamma) if obs.drafts.min() == gamma else None
     if law is not None:
         result.expected_acceptance_rate = law.mean_acceptance_rate
         result.expected_acceptance_law = law.probabilities.tolist()

@@ -77,3 +77,18 @@ def test_same_seed_same_result():
         return d
 
     assert once() == once()
+
+
+def test_drafts_that_stop_at_eos_are_tested_not_rejected():
+    """An EOS-boosting length penalty makes the assistant stop drafting early, so draft lengths vary
+    from round to round, as they do in _assisted_decoding: still lossless, and the token after a
+    short draft counts as a sample of p, not of the rejection residual."""
+    from lossless_check.runner import StepCase
+
+    warpers = {"top_k": 3, "exponential_decay_length_penalty": (1, 2.0), "eos_token_id": 5}
+    case = Case(resolve_generator("AssistedCandidateGenerator"), warpers)
+    obs = StepCase(case).collect(300, seed=0)
+    assert obs.drafts.min() < obs.drafts.max() == 3
+    result = run([case], 2000, 1e-6, seed=0).cases[0]
+    assert result.verdict == "lossless", result.reason
+    assert not result.diagnostics and "varying length" in result.reason
