@@ -237,7 +237,7 @@ def check_candidates(input_ids, candidate_ids, candidate_logits, vocab_size: int
     if candidate_ids.shape[1] > max_length:
         raise GeneratorFailure(f"candidates run past max_length ({candidate_ids.shape[1]} > {max_length})")
     new = candidate_ids[0, length:]
-    if new.numel() and (int(new.min()) < 0 or int(new.max()) >= vocab_size):
+    if bool(((new < 0) | (new >= vocab_size)).any()):
         raise GeneratorFailure(f"candidate token outside the vocabulary [0, {vocab_size})")
     if candidate_logits is None:
         return
@@ -245,12 +245,15 @@ def check_candidates(input_ids, candidate_ids, candidate_logits, vocab_size: int
     if not isinstance(candidate_logits, torch.Tensor) or tuple(candidate_logits.shape) != (1, gamma, vocab_size):
         shape = tuple(candidate_logits.shape) if isinstance(candidate_logits, torch.Tensor) else "not a tensor"
         raise GeneratorFailure(f"candidate_logits has shape {shape}, expected {(1, gamma, vocab_size)}")
+    # One reduction on the common path: a row's max is finite unless the row holds NaN or +inf,
+    # or is -inf everywhere.
+    if bool(torch.isfinite(candidate_logits.amax(dim=-1)).all()):
+        return
     if torch.isnan(candidate_logits).any():
         raise GeneratorFailure("candidate_logits contains NaN")
     if torch.isposinf(candidate_logits).any():
         raise GeneratorFailure("candidate_logits contains +inf")
-    if torch.isneginf(candidate_logits).all(dim=-1).any():
-        raise GeneratorFailure("candidate_logits has a row that is -inf everywhere")
+    raise GeneratorFailure("candidate_logits has a row that is -inf everywhere")
 
 
 class StepCase:

@@ -1,13 +1,14 @@
 """Bad input and bad generators: one-line errors, the rest of the run intact, results independent of workers."""
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 from lossless_check.adapters import resolve_generator
 from lossless_check.cli import _cases, build_parser
-from lossless_check.errors import UsageError
-from lossless_check.runner import Case, execute, run
+from lossless_check.errors import GeneratorFailure, UsageError
+from lossless_check.runner import Case, check_candidates, execute, run
 from lossless_check.scenarios import IID
 
 
@@ -48,3 +49,33 @@ def test_random_command_lines_parse_or_fail_with_a_usage_error(argv):
         assert str(exc) and "\n" not in str(exc).strip()
     except SystemExit as exc:  # --help and friends
         assert exc.code == 0
+
+
+PROMPT = [[3, 1, 4]]
+GOOD_IDS = [[3, 1, 4, 2, 5, 1]]
+
+
+def _logits(cells=None):
+    logits = torch.zeros(1, 3, 8)
+    for (row, col), value in (cells or {}).items():
+        logits[0, row, col] = value
+    return logits
+
+
+@pytest.mark.parametrize("ids, logits, message", [
+    (GOOD_IDS, _logits({(1, 2): float("nan")}), "NaN"),
+    (GOOD_IDS, _logits({(2, 0): float("inf")}), r"\+inf"),
+    (GOOD_IDS, torch.zeros(1, 3, 8).index_fill_(1, torch.tensor([1]), float("-inf")), "-inf everywhere"),
+    (GOOD_IDS, torch.zeros(1, 2, 8), "has shape"),
+    ([[3, 1, 4, 2, 9, 1]], _logits(), "outside the vocabulary"),
+    ([[3, 1, 0, 2, 5, 1]], _logits(), "does not start with"),
+    ([[3, 1, 4, 2, 5, 1, 1, 1]], torch.zeros(1, 5, 8), "past max_length"),
+], ids=["nan", "posinf", "neginf-row", "shape", "vocab", "prefix", "max-length"])
+def test_malformed_generator_output_is_a_one_line_generator_failure(ids, logits, message):
+    with pytest.raises(GeneratorFailure, match=message):
+        check_candidates(torch.tensor(PROMPT), torch.tensor(ids), logits, vocab_size=8, max_length=7)
+
+
+def test_well_formed_output_passes_including_partly_masked_rows():
+    logits = _logits({(0, 3): float("-inf"), (1, 0): float("-inf")})
+    check_candidates(torch.tensor(PROMPT), torch.tensor(GOOD_IDS), logits, vocab_size=8, max_length=7)
