@@ -59,12 +59,7 @@ def bare_loop(step: StepCase, trials: int, cached: bool = True) -> float:
         for _ in range(trials):
             candidate_ids, candidate_logits = session.draft(prompt)
             gamma = candidate_ids.shape[1] - length
-            if cached:
-                new_logits = step.target_logits(candidate_ids)
-            else:
-                new_logits = step.target(candidate_ids).logits[:, -gamma - 1 :].to(torch.float32)
-                for i in range(gamma + 1):
-                    new_logits[:, i, :] = step.processors(candidate_ids[:, : length + i], new_logits[:, i, :])
+            new_logits = step.target_logits(candidate_ids) if cached else step.processed_target_logits(candidate_ids)
             step.verify(candidate_ids, candidate_logits, gamma, new_logits)
     return time.perf_counter() - started
 

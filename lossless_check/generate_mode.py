@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import copy
 import inspect
-import multiprocessing
 import time
 from collections import defaultdict
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable
@@ -40,7 +38,7 @@ from .adapters import DraftContext
 from .adapters.assisted import assistant_for, constant_drafts
 from .errors import GeneratorFailure
 from .expected import ExactLaws
-from .runner import Case, CaseResult, case_seed, init_worker, one_line, position_tests
+from .runner import Case, CaseResult, case_seed, one_line, position_tests, worker_pool
 from .stats import Stratum
 from .stubs import fixed_logits_lm
 from .warpers import capture_processors
@@ -354,8 +352,7 @@ def run_generate_cases(cases: list[Case], samples: int, seed: int, alpha_case: f
     """
     if workers <= 1 or len(cases) < 2:
         return [run_generate_case(case, samples, seed, alpha_case, max_new_tokens, progress) for case in cases]
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=init_worker) as pool:
+    with worker_pool(workers) as pool:
         futures = [pool.submit(run_generate_case, case, samples, seed, alpha_case, max_new_tokens) for case in cases]
         results = []
         for future in futures:

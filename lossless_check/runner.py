@@ -283,12 +283,16 @@ class StepCase:
         key = tuple(candidate_ids[0].tolist())
         cached = self._target_logits.get(key)
         if cached is None:
-            length, gamma = self.prompt_ids.shape[1], candidate_ids.shape[1] - self.prompt_ids.shape[1]
-            cached = self.target(candidate_ids).logits[:, -gamma - 1 :].to(torch.float32)
-            for i in range(gamma + 1):
-                cached[:, i, :] = self.processors(candidate_ids[:, : length + i], cached[:, i, :])
-            self._target_logits[key] = cached
+            cached = self._target_logits[key] = self.processed_target_logits(candidate_ids)
         return cached.clone()
+
+    def processed_target_logits(self, candidate_ids: torch.Tensor) -> torch.Tensor:
+        """:meth:`target_logits` computed afresh: the target's forward pass, then the processors."""
+        length, gamma = self.prompt_ids.shape[1], candidate_ids.shape[1] - self.prompt_ids.shape[1]
+        logits = self.target(candidate_ids).logits[:, -gamma - 1 :].to(torch.float32)
+        for i in range(gamma + 1):
+            logits[:, i, :] = self.processors(candidate_ids[:, : length + i], logits[:, i, :])
+        return logits
 
     def context(self) -> DraftContext:
         return DraftContext(
@@ -682,9 +686,7 @@ def execute(cases: list[Case], samples: int, seed: int, alpha_case: float, worke
     looks = look_schedule(samples, sequential)
     sizes = chunk_sizes(samples)
     parts: dict[int, list] = defaultdict(list)
-    pool = None
-    if workers > 1 and active:
-        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=init_worker)
+    pool = worker_pool(workers) if workers > 1 and active else None
     try:
         done_chunks = 0
         for look, n_look in enumerate(looks, 1):
@@ -708,7 +710,12 @@ def execute(cases: list[Case], samples: int, seed: int, alpha_case: float, worke
     return results  # type: ignore[return-value]
 
 
-def init_worker() -> None:
+def worker_pool(workers: int) -> ProcessPoolExecutor:
+    """A run's pool of ``workers`` fresh (spawned) processes, one core each."""
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker)
+
+
+def _init_worker() -> None:
     """Initializer of a worker process of a run's pool."""
     # Each worker owns one core: a torch thread pool per worker would oversubscribe.
     torch.set_num_threads(1)
