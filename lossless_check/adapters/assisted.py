@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..stubs import fixed_logits_lm
 from .base import DraftContext, FunctionSession, GeneratorAdapter
-from .rounds import rounds_of
+from .rounds import first_round
 
 
 def constant_drafts(gamma: int) -> dict:
@@ -25,16 +25,26 @@ def assistant_for(ctx: DraftContext):
 
 class AssistedAdapter(GeneratorAdapter):
     name = "AssistedCandidateGenerator"
+    batchable = True
+    drafts_stop_at_eos = True
 
     def session(self, ctx: DraftContext) -> FunctionSession:
-        generator = ctx.generator_class(
-            input_ids=ctx.prompt_ids,
-            assistant_model=assistant_for(ctx),
-            generation_config=ctx.generation_config,
-            model_kwargs={"use_cache": True},
-            inputs_tensor=ctx.prompt_ids,
-            logits_processor=ctx.processors,
-        )
-        # One generator serves every trial: each call crops the assistant's cache back to the
-        # prompt, as a new round after a rejection does.
-        return FunctionSession(rounds_of(generator))
+        assistant = assistant_for(ctx)
+
+        def draft(input_ids):
+            # A fresh generator per call, as _assisted_decoding builds one per generate(): each call
+            # is its first drafting round (the assistant prefills the prompt, no cache yet). Only the
+            # assistant model is shared: it holds no state between calls (its cache lives in the
+            # generator). Reusing one generator with the same prompt again and again is a sequence
+            # of calls _assisted_decoding never makes (5.10-5.18 raise on the third).
+            generator = ctx.generator_class(
+                input_ids=input_ids,
+                assistant_model=assistant,
+                generation_config=ctx.generation_config,
+                model_kwargs={"use_cache": True},
+                inputs_tensor=input_ids,
+                logits_processor=ctx.processors,
+            )
+            return first_round(generator, input_ids)
+
+        return FunctionSession(draft)

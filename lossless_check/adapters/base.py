@@ -31,7 +31,12 @@ class DraftContext:
 
 class DraftSession(Protocol):
     def draft(self, input_ids: torch.LongTensor) -> tuple[torch.LongTensor, torch.Tensor | None]:
-        """Call the real ``get_candidates`` as ``_assisted_decoding`` would for this input."""
+        """One real ``get_candidates`` call of a fresh generator on ``input_ids``.
+
+        ``input_ids`` is ``(B, L)``: ``B >= 1`` identical rows (the prompt). The call is the first
+        drafting round of ``_assisted_decoding`` after the prompt; it returns ``candidate_ids``
+        ``(B, L + gamma)`` and ``candidate_logits`` ``(B, gamma, V)`` or ``None``.
+        """
 
 
 class GeneratorAdapter:
@@ -41,6 +46,19 @@ class GeneratorAdapter:
     name: str = ""
     #: Drafter table kinds this family can express (a block drafter cannot condition on its own drafts).
     drafter_kinds: tuple[str, ...] = ("iid", "per_position", "markov")
+    #: Whether one ``session.draft`` call on ``B`` identical rows gives ``B`` independent first-round
+    #: drafts, each row distributed as a batch-1 call (verified for the built-in generator on the
+    #: installed release: ``tests/test_batching.py``). False: call ``draft`` with one row only. A
+    #: subclass of a built-in generator inherits its family's flag; factories are False.
+    batchable: bool = False
+    #: Whether a draft may end early at an EOS token (the drafts come from the assistant's own
+    #: ``generate()``). A batch-1 call then returns the draft up to and including its first EOS; in a
+    #: batch of rows, a row that drew EOS is padded (pad = EOS) to the longest row, its later logits
+    #: rows computed from the padding. Cut after its first EOS draft token, such a row equals (same
+    #: tokens, same logits rows) what a batch-1 call drafting the same tokens returns: verified for
+    #: the built-in families on the installed release (``tests/test_batching.py``). Block drafters
+    #: (DFlash, MTP, SinglePosition) always draft their full block: False.
+    drafts_stop_at_eos: bool = False
 
     def installed_class(self) -> type | None:
         from transformers.generation import candidate_generator
@@ -51,17 +69,48 @@ class GeneratorAdapter:
         raise NotImplementedError
 
 
+def installed_release() -> tuple[int, int]:
+    """``(major, minor)`` of the installed ``transformers``."""
+    import transformers
+
+    major, minor = transformers.__version__.split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
 def prefill_state(target, input_ids: torch.LongTensor, **forward_kwargs) -> tuple[dict, object]:
     """The ``model_kwargs`` and target outputs ``_assisted_decoding`` holds before drafting from ``input_ids``.
 
     The last token of ``input_ids`` is the one the target just sampled; the target has run over
-    everything before it (hidden states included). ``generate()`` always holds positions and an
-    attention mask (DFlash of 5.15-5.17 and MtpModel of 5.14 index into it).
+    everything before it (hidden states included), one row per row of ``input_ids``. ``generate()``
+    always holds positions and an attention mask (DFlash of 5.15-5.17 and MtpModel of 5.14 index
+    into it), one row per sequence.
     """
-    length = input_ids.shape[1]
-    model_kwargs = {"position_ids": torch.arange(length)[None, :], "attention_mask": torch.ones_like(input_ids)}
+    batch, length = input_ids.shape
+    model_kwargs = {"position_ids": torch.arange(length).repeat(batch, 1), "attention_mask": torch.ones_like(input_ids)}
     outputs = target(input_ids[:, :-1], output_hidden_states=True, **forward_kwargs)
     return model_kwargs, outputs
+
+
+class Prefills:
+    """:func:`prefill_state` of ``target``, computed once per batch size and prompt.
+
+    The target's outputs over a prompt are a deterministic function of it (fixed tables): every
+    draft call of a session shares them (``model_kwargs`` is copied per call, as a generator may
+    update it).
+    """
+
+    def __init__(self, target, **forward_kwargs):
+        self.target = target
+        self.forward_kwargs = forward_kwargs
+        self._states: dict[tuple, tuple[dict, object]] = {}
+
+    def __call__(self, input_ids: torch.LongTensor) -> tuple[dict, object]:
+        key = (input_ids.shape[0], tuple(input_ids[0].tolist()))
+        state = self._states.get(key)
+        if state is None:
+            with torch.no_grad():
+                state = self._states[key] = prefill_state(self.target, input_ids, **self.forward_kwargs)
+        return dict(state[0]), state[1]
 
 
 def first_round_after_prefill(generator, input_ids: torch.LongTensor, model_kwargs: dict, outputs):

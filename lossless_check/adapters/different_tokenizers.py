@@ -14,30 +14,45 @@ import copy
 
 from .assisted import constant_drafts
 from .base import DraftContext, FunctionSession, GeneratorAdapter
-from .rounds import rounds_of
+from .rounds import first_round
 from .vocabularies import assistant_lm, assistant_words, target_words, word_level_tokenizer
 
 
 class DifferentTokenizersAdapter(GeneratorAdapter):
     name = "AssistedCandidateGeneratorDifferentTokenizers"
+    #: Not batchable: ``get_candidates`` re-tokenizes through text, one sequence at a time (5.24
+    #: ``candidate_generator.py``: ``convert_source_tokens_to_target_tokens`` decodes ``input_ids`` as
+    #: one text, and ``_get_tokens_diag`` compares ``prompt == prompt_plus_new_tokens.T``): a batch
+    #: of rows fails or is read as one sequence.
+    batchable = False
+    drafts_stop_at_eos = True
 
     def session(self, ctx: DraftContext) -> FunctionSession:
         vocab = ctx.scenario.vocab_size
         generation_config = copy.deepcopy(ctx.generation_config)
         generation_config.do_sample = False  # the only setting for which generate() builds this class
-        generator = ctx.generator_class(
-            input_ids=ctx.prompt_ids,
-            assistant_model=assistant_lm(
-                ctx.scenario.drafter,
-                prompt_length=len(ctx.scenario.prompt),
-                vocab_size=vocab,
-                **constant_drafts(ctx.scenario.gamma),
-            ),
-            target_tokenizer=word_level_tokenizer(target_words(vocab)),
-            assistant_tokenizer=word_level_tokenizer(assistant_words(vocab)),
-            generation_config=generation_config,
-            model_kwargs={"use_cache": True},
-            inputs_tensor=ctx.prompt_ids,
-            logits_processor=ctx.processors,
+        assistant = assistant_lm(
+            ctx.scenario.drafter,
+            prompt_length=len(ctx.scenario.prompt),
+            vocab_size=vocab,
+            **constant_drafts(ctx.scenario.gamma),
         )
-        return FunctionSession(rounds_of(generator))
+        target_tokenizer = word_level_tokenizer(target_words(vocab))
+        assistant_tokenizer = word_level_tokenizer(assistant_words(vocab))
+
+        def draft(input_ids):
+            # A fresh generator per call (its first drafting round) around the session's models
+            # and tokenizers.
+            generator = ctx.generator_class(
+                input_ids=input_ids,
+                assistant_model=assistant,
+                target_tokenizer=target_tokenizer,
+                assistant_tokenizer=assistant_tokenizer,
+                generation_config=generation_config,
+                model_kwargs={"use_cache": True},
+                inputs_tensor=input_ids,
+                logits_processor=ctx.processors,
+            )
+            return first_round(generator, input_ids)
+
+        return FunctionSession(draft)

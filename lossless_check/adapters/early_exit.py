@@ -17,7 +17,7 @@ from torch import nn
 
 from ..stubs import FixedLogitsLM, fixed_logits_lm
 from .base import DraftContext, FunctionSession, GeneratorAdapter
-from .rounds import rounds_of
+from .rounds import first_round
 
 #: Depth of the stub "at full depth" and the layer the generator exits after.
 FULL_DEPTH = 2
@@ -65,20 +65,29 @@ def early_exit_model_for(ctx: DraftContext) -> EarlyExitFixedLogitsLM:
 
 class EarlyExitAdapter(GeneratorAdapter):
     name = "EarlyExitCandidateGenerator"
+    batchable = True
+    drafts_stop_at_eos = True
 
     def session(self, ctx: DraftContext) -> FunctionSession:
         model = early_exit_model_for(ctx)
         # generate() builds this generator when the config sets assistant_early_exit.
         generation_config = copy.deepcopy(ctx.generation_config)
         generation_config.assistant_early_exit = EXIT_LAYER
-        generator = ctx.generator_class(
-            input_ids=ctx.prompt_ids,
-            assistant_model=model,
-            generation_config=generation_config,
-            model_kwargs={"use_cache": True},
-            inputs_tensor=ctx.prompt_ids,
-            logits_processor=ctx.processors,
-        )
-        # As for AssistedCandidateGenerator, one generator serves every trial: each call crops the
-        # drafting cache back to the prompt.
-        return FunctionSession(rounds_of(generator))
+
+        def draft(input_ids):
+            # As for AssistedCandidateGenerator: a fresh generator per call (its first drafting
+            # round), around the one model built for the session. The generator lowers the model's
+            # depth only while it drafts and restores it before returning (not when it raises: a
+            # failed call must not leave the next one drafting from a lowered depth).
+            model.model.config.num_hidden_layers = FULL_DEPTH
+            generator = ctx.generator_class(
+                input_ids=input_ids,
+                assistant_model=model,
+                generation_config=generation_config,
+                model_kwargs={"use_cache": True},
+                inputs_tensor=input_ids,
+                logits_processor=ctx.processors,
+            )
+            return first_round(generator, input_ids)
+
+        return FunctionSession(draft)

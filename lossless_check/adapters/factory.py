@@ -22,13 +22,15 @@ from __future__ import annotations
 from typing import Callable
 
 from ..errors import GeneratorFailure
-from .base import DraftContext, FunctionSession, GeneratorAdapter, first_round_after_prefill, prefill_state
+from .base import DraftContext, FunctionSession, GeneratorAdapter, Prefills, first_round_after_prefill
 
 
 class FactoryAdapter(GeneratorAdapter):
     """Drives whatever ``CandidateGenerator`` a user factory returns."""
 
     name = "factory"
+    #: A user's generator may or may not draft a batch of rows correctly: not assumed here.
+    batchable = False
 
     def __init__(self, factory: Callable[[DraftContext], object]):
         self.factory = factory
@@ -39,13 +41,14 @@ class FactoryAdapter(GeneratorAdapter):
     def session(self, ctx: DraftContext) -> FunctionSession:
         from transformers.generation.candidate_generator import CandidateGenerator
 
-        model_kwargs, outputs = prefill_state(ctx.target, ctx.prompt_ids)
+        prefills = Prefills(ctx.target)
 
         def draft(input_ids):
             generator = self.factory(ctx)
             if not isinstance(generator, CandidateGenerator):
                 raise GeneratorFailure(f"the factory returned {type(generator).__name__}, not a CandidateGenerator")
             if getattr(generator, "requires_model_outputs", False):
+                model_kwargs, outputs = prefills(input_ids)
                 return first_round_after_prefill(generator, input_ids, model_kwargs, outputs)
             return generator.get_candidates(input_ids)
 

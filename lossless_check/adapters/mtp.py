@@ -27,7 +27,13 @@ import torch
 from torch import nn
 
 from ..stubs import FixedLogitsConfig, FixedLogitsLM, fixed_logits_lm
-from .base import DraftContext, FunctionSession, GeneratorAdapter, first_round_after_prefill, prefill_state
+from .base import DraftContext, FunctionSession, GeneratorAdapter, Prefills, first_round_after_prefill, installed_release
+
+#: Releases 5.16-5.17 crop the draft after its first EOS, reading the EOS position from row 0 only and
+#: cutting every row there (5.17 ``candidate_generator.py`` lines 1552-1558: ``drafted_tokens =
+#: candidate_ids[0]``, ``candidate_ids[:, :num_drafted]``): a batch row's draft depends on another
+#: row's. Other releases draft one token per MTP layer, always.
+CROPS_DRAFT_AT_ROW_0_EOS = (5, 16) <= installed_release() <= (5, 17)
 
 
 class IdentityNorm(nn.Module):
@@ -67,6 +73,7 @@ class FixedLogitsMtpBlock(nn.Module):
         elif self.table_kind == "per_position":
             # The token at position t predicts the token at t + 1.
             index = (position_ids + 1 - self.prompt_length).clamp(0, self.table_rows.shape[0] - 1)
+            index = index.expand_as(tokens)  # one row per sequence, also from positions shared by the batch
         else:
             index = tokens
         return self.table_rows[index]
@@ -142,6 +149,9 @@ def _quiet_loading():
 
 class MTPAdapter(GeneratorAdapter):
     name = "MTPCandidateGenerator"
+    batchable = not CROPS_DRAFT_AT_ROW_0_EOS
+    #: 5.16-5.17 end a draft at its first EOS (see :data:`CROPS_DRAFT_AT_ROW_0_EOS`).
+    drafts_stop_at_eos = CROPS_DRAFT_AT_ROW_0_EOS
 
     def session(self, ctx: DraftContext) -> FunctionSession:
         with tempfile.TemporaryDirectory(prefix="lossless-check-mtp-") as folder, _quiet_loading():
@@ -153,13 +163,17 @@ class MTPAdapter(GeneratorAdapter):
                 model_kwargs={"use_cache": True},
                 logits_processor=ctx.processors,
             )
-        model_kwargs, outputs = prefill_state(target, ctx.prompt_ids)
-        # Models hold only weights and are shared; the rest (the MTP cache, the prefill flag) is copied.
-        shared_modules = {id(v): v for v in vars(template).values() if isinstance(v, nn.Module)}
+        prefills = Prefills(target)
+        # Models hold only weights and are shared, and so are the processors (every other family
+        # hands ctx.processors itself to each fresh generator); the rest (the MTP cache, the
+        # prefill flag) is copied.
+        shared = {id(v): v for v in vars(template).values() if isinstance(v, nn.Module)}
+        shared[id(ctx.processors)] = ctx.processors
 
         def draft(input_ids):
-            # Each trial is the first drafting round after prefill: a copy of the generator as built.
-            generator = copy.deepcopy(template, memo=dict(shared_modules))
+            model_kwargs, outputs = prefills(input_ids)
+            # Each call is the first drafting round after prefill: a copy of the generator as built.
+            generator = copy.deepcopy(template, memo=dict(shared))
             return first_round_after_prefill(generator, input_ids, model_kwargs, outputs)
 
         return FunctionSession(draft)

@@ -8,18 +8,27 @@ Later releases take ``input_ids`` alone.
 from __future__ import annotations
 
 import inspect
-import itertools
-from typing import Callable
 
 import torch
 
-Draft = Callable[[torch.LongTensor], tuple]
+
+def _takes_first_iteration(get_candidates) -> bool:
+    return "is_first_iteration" in inspect.signature(get_candidates).parameters
 
 
-def rounds_of(generator) -> Draft:
-    """``generator.get_candidates`` as ``_assisted_decoding`` calls it, round after round."""
-    get_candidates = generator.get_candidates
-    if "is_first_iteration" not in inspect.signature(get_candidates).parameters:
-        return get_candidates
-    rounds = itertools.count()
-    return lambda input_ids: get_candidates(input_ids, is_first_iteration=next(rounds) == 0)
+_FIRST_ITERATION_ARGUMENT: dict[type, bool] = {}
+
+
+def first_round(generator, input_ids: torch.LongTensor) -> tuple:
+    """``generator.get_candidates(input_ids)`` as the first round of ``_assisted_decoding`` calls it.
+
+    ``generator`` must be fresh (built for this call): the first round is the only one whose
+    input is the prompt alone.
+    """
+    kind = type(generator)
+    takes = _FIRST_ITERATION_ARGUMENT.get(kind)
+    if takes is None:
+        takes = _FIRST_ITERATION_ARGUMENT[kind] = _takes_first_iteration(generator.get_candidates)
+    if takes:
+        return generator.get_candidates(input_ids, is_first_iteration=True)
+    return generator.get_candidates(input_ids)

@@ -21,7 +21,7 @@ import torch
 from transformers.utils import ModelOutput
 
 from ..stubs import FixedLogitsLM, TableDrafterStub, fixed_logits_lm
-from .base import DraftContext, FunctionSession, GeneratorAdapter, first_round_after_prefill, prefill_state
+from .base import DraftContext, FunctionSession, GeneratorAdapter, Prefills, first_round_after_prefill, installed_release
 
 
 @dataclass
@@ -103,14 +103,21 @@ def target_for(ctx: DraftContext) -> FixedLogitsGemma4TargetStub:
 
 class SinglePositionAdapter(GeneratorAdapter):
     name = "SinglePositionMultiTokenCandidateGenerator"
+    #: The drafts are argmaxes: every row of a batch of identical rows drafts the same tokens, as a
+    #: batch-1 call does (5.10-5.17 also stop every row at once: all rows draw EOS together).
+    batchable = True
+    #: 5.10-5.17 stop drafting once every row has drafted an EOS (5.17 ``candidate_generator.py``
+    #: ``sequence_stopped``); later releases draft ``num_assistant_tokens`` tokens, always.
+    drafts_stop_at_eos = installed_release() <= (5, 17)
 
     def session(self, ctx: DraftContext) -> FunctionSession:
         assistant = assistant_for(ctx)
         target = target_for(ctx)
-        model_kwargs, outputs = prefill_state(target, ctx.prompt_ids, return_shared_kv_states=True)
+        prefills = Prefills(target, return_shared_kv_states=True)
 
         def draft(input_ids):
-            # A fresh generator per trial: each trial is the first drafting round after prefill.
+            model_kwargs, outputs = prefills(input_ids)
+            # A fresh generator per call: each call is the first drafting round after prefill.
             generator = ctx.generator_class(
                 assistant_model=assistant,
                 target_model_input_embeddings=target.get_input_embeddings(),

@@ -11,12 +11,18 @@ from __future__ import annotations
 
 from .assisted import constant_drafts
 from .base import DraftContext, FunctionSession, GeneratorAdapter
-from .rounds import rounds_of
+from .rounds import first_round
 from .vocabularies import assistant_lm, assistant_words, target_words, word_level_tokenizer
 
 
 class UniversalAdapter(GeneratorAdapter):
     name = "UniversalSpeculativeDecodingGenerator"
+    #: Not batchable: the real code reads one sequence only (5.24 ``candidate_generator.py``:
+    #: ``_prepare_assistant_input_ids`` decodes ``input_ids`` as one text, the pruned assistant's
+    #: ``_MapInputEmbedding`` maps ``input_ids[0, -1]``, ``get_target_ids`` maps
+    #: ``assistant_candidate_ids[0, ...]`` and appends it as one row).
+    batchable = False
+    drafts_stop_at_eos = True
 
     def session(self, ctx: DraftContext) -> FunctionSession:
         from transformers.generation.candidate_generator import AssistantVocabTranslatorCache
@@ -54,6 +60,6 @@ class UniversalAdapter(GeneratorAdapter):
                 inputs_tensor=input_ids,
                 logits_processor=ctx.processors,
             )
-            return rounds_of(generator)(input_ids)
+            return first_round(generator, input_ids)
 
         return FunctionSession(draft)
