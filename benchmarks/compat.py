@@ -1,131 +1,191 @@
-"""Compatibility job: the harness on several transformers 5.x releases, one virtual env each.
+"""Compat job: a release x generator x mode verdict table, one transformers release per venv.
 
-    python benchmarks/compat.py [--releases 5.0.0 5.23.0 ...] [--root DIR] [--samples N]
-                                [--matrix smoke] [--scenario markov8] [--seed S]
+    python benchmarks/compat.py [--releases 5.0.0 5.24.0 ...] [--venvs /tmp/venvs] [--create]
+                                [--samples 1000] [--modes step generate provenance]
+                                [--timeout 1800] [--jobs 1] [--out benchmarks/compat_table.md]
 
-For each release: a venv at ``ROOT/venv-<release>`` (made once, then reused) that sees this
-machine's torch, numpy, scipy and rich (``--system-site-packages``: the torch wheel is large and
-the same for every release) and installs its own ``transformers==<release>`` with whatever
-``tokenizers``/``huggingface-hub`` that release requires. It then runs
-``python -m lossless_check run --matrix M --json ROOT/<release>.json`` with this checkout first on
-``PYTHONPATH`` (so the code under test is this tree, not an installed copy).
+Releases: every ``VENVS/tf-<release>`` venv, or ``--releases``. A release without a venv runs in
+this interpreter if its transformers is that release; otherwise ``--create`` makes the venv
+(``python -m venv --system-site-packages`` -- torch, numpy, scipy, rich and this editable checkout
+come from here -- then ``pip install transformers==<release>``), else its cells say why not.
 
-Prints a generator x release table of verdicts (over the matrix's warper stacks), then every
-verdict that is not ``lossless`` with its reason. Exit code 0 if every release ran, else 1.
+For each release and mode this runs the public CLI in the release's venv, this checkout first on
+``PYTHONPATH``:  ``python -m lossless_check run --matrix smoke --mode M --samples N --json OUT``
+(every built-in generator), and reads the JSON report. A cell aggregates a generator's smoke cases:
+``absent`` (the class is not in that release), ``NOT k/n`` if any case is not lossless, else
+``error``/``skipped`` if any is, else ``lossless``. Releases run one at a time (``--jobs 2`` at most),
+each within ``--timeout`` seconds; a release that fails becomes ``failed`` cells with the reason.
+Writes Markdown (one table per mode, then the reason for every cell that is not ``lossless``).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
+import shlex
 import subprocess
 import sys
-import venv
-from collections import Counter
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from packaging.version import Version
+
 REPO = Path(__file__).resolve().parent.parent
-#: The oldest 5.x, the first with SinglePositionMultiToken, the first with MTP, the last and the
-#: first releases around the ``_speculative_sampling(is_done_candidate=...)`` change, and the two
-#: newest that install here (5.25.0 needs ``kernels>=0.19.1``, which this package index lacks).
-DEFAULT_RELEASES = ("5.0.0", "5.10.4", "5.14.1", "5.17.0", "5.18.0", "5.23.0", "5.24.0")
-#: Worst first: the order in which a cell lists its verdicts.
-SEVERITY = ("not_lossless", "error", "lossless", "skipped", "absent")
+ABSENT = "is not in the installed transformers"  # the CLI's reason for a class a release lacks
 
 
-def ensure_venv(root: Path, release: str) -> Path:
-    """The venv's python, with ``transformers==release`` installed."""
-    env_dir = root / f"venv-{release}"
-    python = env_dir / "bin" / "python"
-    if not python.exists():
-        venv.create(env_dir, system_site_packages=True, with_pip=True)
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                    f"transformers=={release}"], check=True)
-    return python
+def find_python(release: str, venvs: Path, create: bool) -> tuple[Path | None, str]:
+    """The interpreter for ``release``, or None and why there is none."""
+    python = venvs / f"tf-{release}" / "bin" / "python"
+    if python.exists():
+        return python, ""
+    import transformers
+    if transformers.__version__ == release:
+        return Path(sys.executable), ""
+    if not create:
+        return None, f"no venv {python.parent.parent} (--create makes it)"
+    steps = [[sys.executable, "-m", "venv", "--system-site-packages", str(python.parent.parent)],
+             [str(python), "-m", "pip", "install", "-q", f"transformers=={release}"]]
+    for step in steps:  # a release whose requirements would upgrade torch fails on the pip constraint
+        done = subprocess.run(["nice", *step], capture_output=True, text=True)
+        if done.returncode:
+            return None, f"venv creation failed: {_last_line(done)}"
+    return python, ""
 
 
-def run_release(python: Path, report: Path, args) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    command = [str(python), "-m", "lossless_check", "run", "--matrix", args.matrix, "--scenario", args.scenario,
-               "--samples", str(args.samples), "--seed", str(args.seed), "--json", str(report), "--quiet"]
-    # Exit 1 (a case not lossless) is a result, not a failure of the job.
-    return subprocess.run(command, env=env, cwd=report.parent, capture_output=True, text=True)
+def run_release(release: str, args) -> dict:
+    """``{mode: report dict, or {"failed": reason}}`` for one release, plus its wall time."""
+    start = time.monotonic()
+    python, why = find_python(release, args.venvs, args.create)
+    results: dict = {}
+    for mode in args.modes:
+        left = args.timeout - (time.monotonic() - start)
+        if python is None or left <= 0:
+            results[mode] = {"failed": why or f"release timeout ({args.timeout}s) spent before this mode"}
+            continue
+        report = args.work / f"{release}-{mode}.json"
+        report.unlink(missing_ok=True)
+        command = [str(python), "-m", "lossless_check", "run", "--matrix", args.matrix, "--mode", mode,
+                   "--samples", str(args.samples), "--seed", str(args.seed), "--json", str(report), "--quiet"]
+        env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+        try:  # exit 1 (some case not lossless) is a result, not a failure
+            done = subprocess.run(["nice", *command], env=env, cwd=args.work, capture_output=True,
+                                  text=True, timeout=left)
+        except subprocess.TimeoutExpired:
+            results[mode] = {"failed": f"timed out (release timeout {args.timeout}s)"}
+            continue
+        try:
+            results[mode] = json.loads(report.read_text())
+        except (OSError, ValueError) as exc:
+            results[mode] = {"failed": f"exit {done.returncode}, no readable report ({type(exc).__name__}): "
+                                       f"{_last_line(done)}"}
+            continue
+        got = results[mode].get("transformers_version")
+        if got != release:
+            results[mode] = {"failed": f"venv has transformers {got}, not {release}"}
+    results["seconds"] = time.monotonic() - start
+    print(f"{release}: {results['seconds']:.0f}s", file=sys.stderr, flush=True)
+    return results
 
 
-def verdict(case: dict) -> str:
-    """A case's verdict; a generator the release does not have is ``absent``."""
-    if case["verdict"] == "skipped" and "not in the installed transformers" in case.get("reason", ""):
-        return "absent"
-    return case["verdict"]
+def _last_line(done: subprocess.CompletedProcess) -> str:
+    lines = (done.stderr or done.stdout or "no output").strip().splitlines()
+    return lines[-1] if lines else "no output"
 
 
-def cell(cases: list[dict]) -> str:
-    """``lossless``, or each verdict with its share of the warper stacks (``not_lossless 1/2, lossless 1/2``)."""
+def cell(cases: list[dict]) -> tuple[str, str]:
+    """``(text, reason)``: the aggregated verdict of one generator's cases and the first reason behind it."""
     if not cases:
-        return "-"
-    counts = Counter(verdict(c) for c in cases)
-    if len(counts) == 1:
-        return next(iter(counts))
-    return ", ".join(f"{v} {counts[v]}/{len(cases)}" for v in SEVERITY if v in counts)
+        return "absent", "not in this run's report"
+    if all(c["verdict"] == "skipped" and ABSENT in (c.get("reason") or "") for c in cases):
+        return "absent", ""
+    for verdict in ("not_lossless", "error", "skipped"):
+        hits = [c for c in cases if c["verdict"] == verdict]
+        if hits:
+            label = "**NOT**" if verdict == "not_lossless" else verdict
+            count = f" {len(hits)}/{len(cases)}" if verdict != "skipped" or len(hits) < len(cases) else ""
+            return label + count, hits[0].get("reason") or "(no reason given)"
+    return "lossless", ""
 
 
-def print_table(reports: dict[str, dict]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def write_table(results: dict[str, dict], args, out: Path) -> None:
+    releases = sorted(results, key=Version)
+    torches = {r["torch_version"] for res in results.values() for m, r in res.items() if m in args.modes
+               and "torch_version" in r}
+    lines = ["# Compat table: lossless_check verdicts by transformers release", "",
+             f"- date: {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
+             f"- command: `{shlex.join(['python', *sys.argv])}`",
+             f"- per release and mode: `python -m lossless_check run --matrix {args.matrix} --mode MODE "
+             f"--samples {args.samples} --seed {args.seed} --json OUT --quiet`",
+             f"- samples per case: {args.samples}; matrix: {args.matrix} (cases per cell: its warper stacks)",
+             f"- torch: {', '.join(sorted(torches)) or '?'}",
+             "- wall time per release: " + ", ".join(f"{r} {results[r]['seconds']:.0f}s" for r in releases),
+             "", "Cells: `lossless` (every case), `**NOT** k/n` (k of n cases not lossless), `error k/n`, "
+             "`skipped`, `absent` (no such class in the release), `failed` (the run gave no report).", ""]
+    notes: dict[tuple[str, str, str, str], list[str]] = {}
+    generators = list(dict.fromkeys(c["generator"] for r in releases for m in args.modes
+                                    for c in results[r][m].get("cases", []))) or ["(no report)"]
+    for mode in args.modes:
+        lines += [f"## mode: {mode}", "", "| generator | " + " | ".join(releases) + " |",
+                  "|---" * (len(releases) + 1) + "|"]
+        for generator in generators:
+            row = []
+            for release in releases:
+                report = results[release][mode]
+                if "failed" in report:  # one note for the whole run, not one per generator
+                    _note(notes, (mode, "every generator", "failed", report["failed"]), release)
+                    row.append("failed")
+                    continue
+                text, reason = cell([c for c in report["cases"] if c["generator"] == generator])
+                row.append(text)
+                if text not in ("lossless", "absent") or reason:
+                    _note(notes, (mode, generator, text, reason), release)
+            lines.append(f"| {generator} | " + " | ".join(row) + " |")
+        lines.append("")
+    lines += ["## Cells that are not lossless, with the first reason", ""]
+    lines += [f"- {mode} / {generator} / {text} [{', '.join(rels)}]: {reason}"
+              for (mode, generator, text, reason), rels in notes.items()]
+    out.write_text("\n".join(lines) + "\n")
 
-    generators = list(dict.fromkeys(c["generator"] for r in reports.values() for c in r["cases"]))
-    table = Table(title=f"verdicts by generator and transformers release (torch {_torch_versions(reports)})")
-    table.add_column("generator")
-    for release in reports:
-        table.add_column(release)
-    for generator in generators:
-        table.add_row(generator, *(cell([c for c in r["cases"] if c["generator"] == generator])
-                                   for r in reports.values()))
-    console = Console(width=max(160, 28 + 22 * len(reports)))
-    console.print(table)
-    for release, report in reports.items():
-        for case in report["cases"]:
-            if verdict(case) in ("not_lossless", "error"):
-                console.print(f"[bold]{release}[/] {case['generator']} {case['warpers']}: "
-                              f"{case['verdict']}: {case['reason']}", highlight=False)
 
-
-def _torch_versions(reports: dict[str, dict]) -> str:
-    return ", ".join(sorted({r.get("torch_version", "?") for r in reports.values()}))
+def _note(notes: dict, key: tuple, release: str) -> None:
+    """Cells with the same mode, generator, verdict and reason share one line listing their releases."""
+    if release not in notes.setdefault(key, []):
+        notes[key].append(release)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--releases", nargs="+", default=list(DEFAULT_RELEASES))
-    parser.add_argument("--root", type=Path, default=Path("/tmp/lossless-compat"))
+    parser.add_argument("--releases", nargs="+", help="default: every VENVS/tf-<release>")
+    parser.add_argument("--venvs", type=Path, default=Path("/tmp/venvs"))
+    parser.add_argument("--create", action="store_true", help="make a missing release's venv")
     parser.add_argument("--samples", type=int, default=1000)
+    parser.add_argument("--modes", nargs="+", default=["step", "generate", "provenance"],
+                        choices=["step", "generate", "provenance"])
     parser.add_argument("--matrix", default="smoke")
-    parser.add_argument("--scenario", default="markov8")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per release, all modes")
+    parser.add_argument("--jobs", type=int, default=1, choices=[1, 2], help="releases run in parallel")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/lossless-compat"), help="JSON reports")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "compat_table.md")
     args = parser.parse_args(argv)
-    args.root.mkdir(parents=True, exist_ok=True)
+    args.work.mkdir(parents=True, exist_ok=True)
+    releases = args.releases or [p.name.removeprefix("tf-") for p in args.venvs.glob("tf-*")
+                                 if (p / "bin" / "python").exists()]
+    if not releases:
+        parser.error(f"no venvs under {args.venvs}; give --releases")
+    releases = sorted(set(releases), key=Version)
 
-    reports, failed = {}, []
-    for release in args.releases:
-        print(f"== transformers {release}", file=sys.stderr, flush=True)
-        try:
-            python = ensure_venv(args.root, release)
-        except subprocess.CalledProcessError as exc:
-            failed.append(f"{release}: install failed ({exc})")
-            continue
-        report = args.root / f"{release}.json"
-        report.unlink(missing_ok=True)
-        done = run_release(python, report, args)
-        if not report.exists():
-            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-            failed.append(f"{release}: harness exited {done.returncode} without a report: {tail[0]}")
-            continue
-        reports[release] = json.loads(report.read_text())
-    if reports:
-        print_table(reports)
+    with ThreadPoolExecutor(args.jobs) as pool:
+        results = dict(zip(releases, pool.map(lambda r: run_release(r, args), releases)))
+    write_table(results, args, args.out)
+    failed = [f"{r} {m}: {res[m]['failed']}" for r, res in results.items() for m in args.modes if "failed" in res[m]]
     for line in failed:
         print(f"FAILED {line}", file=sys.stderr)
+    print(f"wrote {args.out}", file=sys.stderr)
     return 1 if failed else 0
 
 
