@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..stubs import FixedLogitsLM, fixed_logits_lm
-from .base import DraftContext, FunctionSession, GeneratorAdapter
+from .base import DraftContext, FunctionSession, GeneratorAdapter, installed_release
 from .rounds import first_round
 
 #: Depth of the stub "at full depth" and the layer the generator exits after.
@@ -65,7 +65,9 @@ def early_exit_model_for(ctx: DraftContext) -> EarlyExitFixedLogitsLM:
 
 class EarlyExitAdapter(GeneratorAdapter):
     name = "EarlyExitCandidateGenerator"
-    batchable = True
+    #: 5.0-5.2: the generator cannot run at all (its ``get_candidates`` calls its base's without the
+    #: ``is_first_iteration`` the base requires there), so nothing about batching is verified.
+    batchable = installed_release() >= (5, 3)
     drafts_stop_at_eos = True
 
     def session(self, ctx: DraftContext) -> FunctionSession:

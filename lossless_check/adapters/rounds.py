@@ -1,6 +1,6 @@
 """Calling ``get_candidates`` of the generators that need only ``input_ids``, in any 5.x release.
 
-Releases 5.0.x take a second, required argument, ``is_first_iteration``: ``_assisted_decoding``
+Releases 5.0-5.2 take a second, required argument, ``is_first_iteration``: ``_assisted_decoding``
 passes ``True`` on its first round (the assistant runs its prefill then) and ``False`` after.
 Later releases take ``input_ids`` alone.
 """
