@@ -1,6 +1,34 @@
 """lossless-check: statistical proof that speculative decoding in transformers is lossless.
 
+The public API (everything else is internal)::
+
+    import lossless_check as lc
+
+    result = lc.check("DFlashTokenCandidateGenerator", warpers="top_k=3")   # -> CaseResult
+    run = lc.run(["AssistedCandidateGenerator"], matrix="smoke")           # -> RunResult
+    lc.strategies.warper_stacks()                                          # hypothesis strategies
+
 Importing this package is cheap; torch and transformers load when a check runs.
 """
 
 __version__ = "0.1.0"
+__all__ = ["CaseResult", "RunResult", "check", "run", "strategies"]
+
+_EXPORTS = {"check": ("api", "check"), "run": ("api", "run"), "CaseResult": ("results", "CaseResult"),
+            "RunResult": ("results", "RunResult")}
+
+
+def __getattr__(name: str):
+    # Lazy: the pytest plugin imports this package in every pytest run, which must stay cheap.
+    import importlib
+
+    if name == "strategies":
+        return importlib.import_module(".strategies", __name__)
+    if name in _EXPORTS:
+        module, attr = _EXPORTS[name]
+        return getattr(importlib.import_module(f".{module}", __name__), attr)
+    raise AttributeError(f"module 'lossless_check' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
-    from .runner import CaseResult, RunResult
+    from .results import CaseResult, RunResult
 
 REPORT_NAMES = ("report.json", "report.md", "report.html")
 FAILING = ("not_lossless", "error")
@@ -31,31 +31,32 @@ _COLOUR = {"lossless": "#c8e6c9", "not_lossless": "#ef9a9a", "error": "#ffe082",
 
 def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "default", modes: tuple[str, ...] | None = None,
          samples: int = 5_000, alpha: float = 1e-6, seed: int = 0, scenario: str = "markov8", workers: int = 1,
-         progress: Callable[[int], None] | None = None, sequential: bool = False) -> int:
+         progress: Callable[[int], None] | None = None, sequential: bool = True, batch_size: int | None = None,
+         return_result: bool = False):
     """Run ``generator_spec`` over a warper matrix, write the three reports into ``out_dir``, return the exit code.
 
-    ``modes`` are :mod:`lossless_check.modes` modes; by default every mode that applies: ``all``
+    ``modes`` are :data:`lossless_check.modes.MODES`; by default every mode that applies: ``all``
     (the statistical step mode with the exact provenance sub-verdict beside it) and, for generators
     ``generate()`` can drive through ``assistant_model=``, ``generate``. The exit code is
-    :attr:`RunResult.exit_code` (0 every case lossless, 1 otherwise, 3 if every case errored). Bad
-    input raises :class:`lossless_check.errors.UsageError`.
+    :attr:`RunResult.exit_code` (0 every case lossless, 1 otherwise). Bad
+    input raises :class:`lossless_check.errors.UsageError`. ``return_result``: return
+    ``(RunResult, exit code)`` instead.
     """
     from .adapters import resolve_generator
-    from .errors import UsageError
+    from .api import resolve_scenario, run_cases
     from .matrix import matrix
-    from .modes import run_modes
-    from .runner import Case
-    from .scenarios import SCENARIOS
+    from .results import Case
 
-    if scenario not in SCENARIOS:
-        raise UsageError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
     generator = resolve_generator(generator_spec)
     if modes is None:
         modes = ("all", "generate") if generator.adapter.name == "AssistedCandidateGenerator" else ("all",)
-    cases = [Case(generator, stack, mode, SCENARIOS[scenario]) for mode in modes for stack in matrix(matrix_name)]
-    result = run_modes(cases, samples, alpha, seed, workers, progress, sequential=sequential)
+    cases = [Case(generator, stack, mode, resolve_scenario(scenario, mode)) for mode in modes
+             for stack in matrix(matrix_name)]
+    if hasattr(progress, "set_total"):
+        progress.set_total(len(cases))
+    result = run_cases(cases, samples, alpha, seed, workers, progress, sequential=sequential, batch_size=batch_size)
     write_reports(result, out_dir, title=generator_spec)
-    return result.exit_code
+    return (result, result.exit_code) if return_result else result.exit_code
 
 
 def write_reports(result: RunResult, out_dir: str | Path, title: str) -> list[Path]:

@@ -5,7 +5,7 @@ scenario under which its bug bites. For a real bug, :func:`exact_tv` gives the e
 total variation its output law has at the first position the bug reaches, from an independent
 model of what it samples and what it returns (the ``drafts`` field): that is the size of effect the
 harness has to see, and :func:`samples_needed` turns it into a sample size through the harness's
-own power bound. :func:`mutation_report` runs every mutant through :func:`lossless_check.runner.run`
+own power bound. :func:`mutation_report` runs every mutant through :func:`lossless_check.api.run_cases`
 in step mode; ``python -m lossless_check.mutation`` prints the table.
 """
 
@@ -19,7 +19,9 @@ import torch
 
 from .adapters import resolve_generator
 from .expected import ExactLaws, first_token_law
-from .runner import POWER, STEP_MAX_NEW_TOKENS, Case, run
+from .api import run_cases
+from .modes.step import STEP_MAX_NEW_TOKENS
+from .results import POWER, Case
 from .scenarios import SCENARIOS
 from .stats import samples_for_tv
 from .stubs import fixed_logits_lm
@@ -164,7 +166,7 @@ def _position_strata(mutant: Mutant) -> list[tuple[np.ndarray, float, np.ndarray
     the probability that a trial reaches the position in that stratum, and the law the mutant emits
     there. The bug must not act before ``mutant.position``: earlier drafts are accepted as from a
     correct drafter. Trials are grouped by their exact target law, as
-    :meth:`lossless_check.runner.StepCase.position_strata` does.
+    :meth:`lossless_check.modes.step.StepCase.position_strata` does.
     """
     laws = exact_laws(mutant)
     strata: dict[bytes, list] = {}
@@ -235,10 +237,10 @@ def samples_needed(mutant: Mutant, alpha: float) -> int | None:
 def run_mutant(mutant: Mutant, samples: int, seed: int, alpha: float) -> dict:
     """Run one mutant in step mode (sequential: stops at the first trial where the anytime e-value rejects) and in
     provenance mode, and say whether the harness got it right and at how many samples."""
-    from .provenance import provenance_check
+    from .modes.provenance import provenance_check
 
     case = Case(resolve_generator(mutant.spec), mutant.warpers, mode="step", scenario=SCENARIOS[mutant.scenario])
-    result = run([case], samples, alpha, seed, sequential=True).cases[0]
+    result = run_cases([case], samples, alpha, seed, sequential=True).cases[0]
     provenance = provenance_check(case, trials=1, seed=seed)
     at = next((p for p in result.positions if p["position"] == mutant.position), {})
     return {

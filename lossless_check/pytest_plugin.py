@@ -23,7 +23,7 @@ different alpha (and maybe a different verdict) from run to run. Here every inpu
 scheduling-free: every xdist worker collects the same tests (xdist refuses to run otherwise), so
 ``M`` is the same everywhere, and ``k`` is fixed by the test's own code. A check's data do not
 depend on scheduling either: its random stream is a function of ``--lossless-seed`` and the case
-alone (:func:`lossless_check.runner.case_seed`). So a check has the same alpha, p-value and verdict
+alone (:func:`lossless_check.engine.case_seed`). So a check has the same alpha, p-value and verdict
 under ``pytest``, ``pytest -n 2`` and the CLI command its failure message prints; a rerun of a
 failed test repeats the same data and adds no chance of a false failure.
 
@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from .runner import CaseResult
+    from .results import CaseResult
 
 #: ``sum_{k>=1} SPENDING / k**2 == 1``.
 SPENDING = 6 / math.pi**2
@@ -63,7 +63,7 @@ def reproduce_command(spec: str, warpers: str, scenario: str, samples: int, seed
     Run it from the directory pytest was run from (a ``module:attr`` generator is imported from there).
     """
     args = ["lossless-check", "run", "--generator", spec, "--warpers", warpers, "--mode", "step",
-            "--scenario", scenario, "--samples", str(samples), "--seed", str(seed), "--alpha", repr(alpha)]
+            "--scenario", scenario, "--samples", str(samples), "--seed", str(seed), "--alpha", repr(alpha), "--fixed"]
     return shlex.join(args)
 
 
@@ -124,7 +124,7 @@ class SessionState:
     def report_document(self) -> dict:
         """The ``--lossless-report`` document: every check of the session, in the schema of ``report.to_json``."""
         from .report import to_json
-        from .runner import RunResult
+        from .results import RunResult
 
         doc = to_json(RunResult([], self.alpha, self.seed, self.samples))
         doc["cases"] = self.sorted_records()
@@ -145,7 +145,7 @@ class Lossless:
 
     def check(self, generator: str | type, warpers: str | dict[str, Any] = "top_k=3", scenario: str = "iid8",
               samples: int | None = None) -> CaseResult:
-        """Run one case and return its :class:`~lossless_check.runner.CaseResult` with the verdict decided.
+        """Run one case and return its :class:`~lossless_check.results.CaseResult` with the verdict decided.
 
         ``generator`` is a built-in class name (``"DFlashTokenCandidateGenerator"``), a ``"module:attr"``
         spec, or a class importable as ``module:qualname``. ``warpers`` is a spec (``"top_k=3,temperature=0.7"``,
@@ -158,7 +158,8 @@ class Lossless:
         from .adapters import resolve_generator
         from .errors import UsageError
         from .report import to_json
-        from .runner import Case, RunResult, decide, run_case
+        from .modes import run_case
+        from .results import Case, RunResult, decide
         from .scenarios import SCENARIOS
         from .warpers import parse_warpers, validate_warpers
 
@@ -176,7 +177,8 @@ class Lossless:
         if not isinstance(samples, int) or samples < 1:
             raise UsageError(f"samples must be a positive integer, got {samples!r}")
         case = Case(resolve_generator(spec), stack, "step", SCENARIOS[scenario])
-        result = run_case(case, samples, self._state.seed, alpha)
+        # Fixed-sample: a failure names every failing position (a sequential stop names none).
+        result = run_case(case, samples, self._state.seed, alpha, sequential=False)
         decide([result], alpha)
         record = to_json(RunResult([result], alpha, self._state.seed, samples))["cases"][0]
         record.update(test=self._nodeid, check=self._checks, generator_spec=spec,

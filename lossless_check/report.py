@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from .compat import versions
-from .runner import RunResult
+from .results import RunResult
 
 
 def _clean(value):
@@ -44,33 +44,44 @@ def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _note(c) -> str:
+    """The table's last column: why a case was skipped, or how its trials were batched when not batched."""
+    if c.verdict == "skipped":
+        return c.reason
+    if c.batch and c.batch.get("batch_size", 1) <= 1:
+        return c.batch.get("note", "")
+    return ""
+
+
 def print_table(result: RunResult, console=None) -> None:
-    """A table a person reads at a glance, then one line per failing case."""
+    """A table a person reads at a glance (skip reasons in its last column), then one line per failing case."""
+    import sys
+
     from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    console = console or Console(width=None if sys.stdout.isatty() else 200)
     info = versions()
     table = Table(
         title=(f"lossless-check  transformers {info['transformers_version']}  torch {info['torch_version']}  "
                f"family alpha {result.alpha_family:g}  seed {result.seed}"),
         title_justify="left",
     )
-    for column in ("generator", "warpers", "mode", "verdict", "n", "TV", "detectable TV", "p (Holm)",
-                   "accept", "theory"):
-        table.add_column(column, justify="right" if column in ("n", "TV", "detectable TV", "p (Holm)", "accept",
-                                                               "theory") else "left")
+    numeric = ("n", "TV", "detectable TV", "p (Holm)", "accept", "theory")
+    for column in ("generator", "warpers", "mode", "verdict") + numeric + ("note",):
+        table.add_column(column, justify="right" if column in numeric else "left",
+                         overflow="fold" if column == "note" else "ellipsis")
     for c in result.cases:
         style = VERDICT_STYLE.get(c.verdict, "")
         table.add_row(
             c.generator, c.warpers, c.mode, f"[{style}]{c.verdict}[/]", str(c.samples or "-"),
             _fmt(c.tv, ".4f"), _fmt(c.tv_detectable, ".4f"), _fmt(c.p_value_adjusted, ".2g"),
-            _fmt(c.acceptance_rate, ".3f"), _fmt(c.expected_acceptance_rate, ".3f"),
+            _fmt(c.acceptance_rate, ".3f"), _fmt(c.expected_acceptance_rate, ".3f"), _note(c),
         )
     console.print(table)
     for c in result.cases:
         if c.verdict in ("not_lossless", "error"):
             console.print(f"[{VERDICT_STYLE[c.verdict]}]{c.verdict}[/] {c.generator} [{c.warpers}] {c.mode}: {c.reason}",
                           highlight=False)
-    counts = {v: sum(c.verdict == v for c in result.cases) for v in VERDICT_STYLE}
+    counts = result.counts()
     console.print(", ".join(f"{n} {v}" for v, n in counts.items() if n), highlight=False)

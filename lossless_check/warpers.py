@@ -31,26 +31,20 @@ def _split_top_level(spec: str) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
-def parse_warpers(spec: str) -> dict[str, Any]:
-    """Parse a warper spec into ``GenerationConfig`` keyword arguments.
+def split_warpers(spec: str) -> dict[str, Any]:
+    """Parse a warper spec's syntax (``key=literal`` items) and check value ranges, without transformers.
 
-    Values are Python literals (``3``, ``0.7``, ``[[1, 2]]``, ``None``). Raises :class:`UsageError`
-    with a one-line message for unknown keys, non-literal values, or values ``GenerationConfig``
-    rejects.
+    Raises :class:`UsageError` with a one-line message for malformed items, non-literal values,
+    repeated keys and out-of-range values; :func:`parse_warpers` then checks the keys.
     """
-    from transformers import GenerationConfig
-
     if spec is None or not spec.strip() or spec.strip() == "none":
         return {}
     kwargs: dict[str, Any] = {}
-    known = GenerationConfig().to_dict()
     for item in _split_top_level(spec):
         key, sep, raw = item.partition("=")
         key, raw = key.strip(), raw.strip()
         if not sep or not key or not raw:
             raise UsageError(f"bad warper {item!r}: expected key=value")
-        if key not in known:
-            raise UsageError(f"bad warper {item!r}: {key!r} is not a GenerationConfig option")
         if key in kwargs:
             raise UsageError(f"bad warper spec {spec!r}: {key!r} given twice")
         try:
@@ -60,6 +54,24 @@ def parse_warpers(spec: str) -> dict[str, Any]:
         except (ValueError, SyntaxError):
             raise UsageError(f"bad warper {item!r}: {raw!r} is not a number or literal") from None
         kwargs[key] = value
+    _check_ranges(kwargs)
+    return kwargs
+
+
+def parse_warpers(spec: str) -> dict[str, Any]:
+    """Parse a warper spec into ``GenerationConfig`` keyword arguments.
+
+    Values are Python literals (``3``, ``0.7``, ``[[1, 2]]``, ``None``). Raises :class:`UsageError`
+    with a one-line message for unknown keys, non-literal values, or values ``GenerationConfig``
+    rejects.
+    """
+    from transformers import GenerationConfig
+
+    kwargs = split_warpers(spec)
+    known = GenerationConfig().to_dict()
+    for key, value in kwargs.items():
+        if key not in known:
+            raise UsageError(f"bad warper {key}={value!r}: {key!r} is not a GenerationConfig option")
     validate_warpers(kwargs)
     return kwargs
 
@@ -79,13 +91,17 @@ _RANGES: dict[str, tuple[str, Any]] = {
 }
 
 
-def validate_warpers(kwargs: dict[str, Any]) -> None:
-    """Raise :class:`UsageError` if a value is out of range or ``GenerationConfig`` refuses it."""
+def _check_ranges(kwargs: dict[str, Any]) -> None:
     for key, value in kwargs.items():
         if key in _RANGES and value is not None:
             wanted, ok = _RANGES[key]
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
                 raise UsageError(f"bad warper {key}={value!r}: must be {wanted}")
+
+
+def validate_warpers(kwargs: dict[str, Any]) -> None:
+    """Raise :class:`UsageError` if a value is out of range or ``GenerationConfig`` refuses it."""
+    _check_ranges(kwargs)
 
     from transformers import GenerationConfig
 

@@ -13,7 +13,9 @@ import transformers
 from lossless_check.adapters import ADAPTERS, resolve_generator
 from lossless_check.adapters.early_exit import EXIT_LAYER, early_exit_model_for
 from lossless_check.expected import ExactLaws, first_token_law
-from lossless_check.runner import Case, StepCase, run
+from lossless_check.api import run_cases as run
+from lossless_check.modes.step import StepCase
+from lossless_check.results import Case
 from lossless_check.scenarios import DEFAULT, IID
 from lossless_check.stats import Stratum, law_test
 from lossless_check.stubs import fixed_logits_lm
@@ -24,7 +26,7 @@ ALPHA = 1e-6
 
 
 def run_one(name, samples, scenario=IID, warpers=TOP_K, seed=0):
-    return run([Case(resolve_generator(name), warpers, scenario=scenario)], samples, ALPHA, seed=seed).cases[0]
+    return run([Case(resolve_generator(name), warpers, scenario=scenario)], samples, ALPHA, seed=seed, sequential=False).cases[0]
 
 
 def session_for(name, scenario=IID, warpers=TOP_K):
@@ -166,7 +168,7 @@ def test_different_tokenizers_survives_drafts_of_assistant_only_words():
     must read them back (as a real tokenizer would), not raise."""
     warpers = {"top_p": 0.7, "no_repeat_ngram_size": 1, "sequence_bias": [[[1], 2.0], [[4, 2], -3.0]]}
     case = Case(resolve_generator("AssistedCandidateGeneratorDifferentTokenizers"), warpers, scenario=DEFAULT)
-    result = run([case], 50, 1e-6, seed=0).cases[0]
+    result = run([case], 50, 1e-6, seed=0, sequential=False).cases[0]
     assert result.verdict == "skipped" and "returns no candidate_logits" in result.reason
 
 

@@ -1,7 +1,8 @@
 """Users' own generators through the factory protocol (``--generator module:function``)."""
 
 from lossless_check.adapters import FactoryAdapter, resolve_generator
-from lossless_check.runner import Case, run
+from lossless_check.api import run_cases as run
+from lossless_check.results import Case
 from lossless_check.scenarios import IID
 
 
@@ -20,5 +21,5 @@ def test_an_honest_factory_is_lossless_and_a_greedy_one_is_not():
 
 def test_a_factory_returning_something_else_is_an_error():
     case = Case(resolve_generator("fixtures.factories:not_a_generator"), {}, scenario=IID)
-    result = run([case], 10, 1e-6, seed=0).cases[0]
+    result = run([case], 10, 1e-6, seed=0, sequential=False).cases[0]
     assert result.verdict == "error" and "not a CandidateGenerator" in result.reason

@@ -27,8 +27,9 @@ from hypothesis import strategies as st
 
 from lossless_check.adapters import resolve_generator
 from lossless_check.errors import UsageError
-from lossless_check.provenance import provenance_check
-from lossless_check.runner import Case, run
+from lossless_check.modes.provenance import provenance_check
+from lossless_check.api import run_cases as run
+from lossless_check.results import Case
 from lossless_check.scenarios import DEFAULT, IID
 from lossless_check.strategies import OPTIONS, scenarios, stack_options, warper_stacks
 from lossless_check.warpers import format_warpers, parse_warpers
@@ -91,7 +92,7 @@ def test_garbage_spec_is_refused_or_parsed(spec):
 @given(warper_stacks())
 def test_dflash_is_lossless_under_random_stacks(stack):
     case = Case(resolve_generator(GENERATOR), stack, scenario=DEFAULT)
-    result = run([case], SAMPLES, ALPHA_FAMILY / STATISTICAL_EXAMPLES, seed=0).cases[0]
+    result = run([case], SAMPLES, ALPHA_FAMILY / STATISTICAL_EXAMPLES, seed=0, sequential=False).cases[0]
     assert result.verdict == "lossless", f"{format_warpers(stack)}: {result.reason}"
     provenance = provenance_check(case, trials=3)
     assert provenance.verdict == "consistent", f"{format_warpers(stack)}: {provenance.reason}"

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from lossless_check.gate import gate, to_html, to_markdown, write_reports
-from lossless_check.runner import CaseResult, RunResult
+from lossless_check.results import CaseResult, RunResult
 
 pytest.importorskip("matplotlib")
 

@@ -7,8 +7,9 @@ import torch
 from fixtures.mutants.loop_mutants import LOOP_SCENARIO
 from lossless_check.adapters import resolve_generator
 from lossless_check.expected import ExactLaws, first_token_law
-from lossless_check.generate_mode import TINY_LLAMA, run_generate_case, stopping_violations, tiny_llama_pair
-from lossless_check.runner import Case, run
+from lossless_check.modes.generate import TINY_LLAMA, run_generate_case, stopping_violations, tiny_llama_pair
+from lossless_check.api import run_cases as run
+from lossless_check.results import Case
 from lossless_check.scenarios import DEFAULT
 from lossless_check.stubs import fixed_logits_lm
 from lossless_check.warpers import capture_processors
@@ -21,8 +22,8 @@ EOS = 4  # the DEFAULT drafter's favourite token at most positions: drafted mid-
 
 
 def generate_case(generator, warpers, scenario, samples, max_new_tokens=4, seed=0):
-    case = Case(resolve_generator(generator), warpers, "generate", scenario)
-    return run_generate_case(case, samples, seed, ALPHA, max_new_tokens)
+    case = Case(resolve_generator(generator), warpers, "generate", scenario, max_new_tokens)
+    return run_generate_case(case, samples, seed, ALPHA)
 
 
 @pytest.mark.parametrize("warpers", [{"temperature": 0.7}, {"top_k": 3}, {"top_p": 0.7}, {"repetition_penalty": 1.5}])
@@ -70,7 +71,7 @@ def shifted_q_tv_at_position_2() -> float:
 def test_loop_mutant_passes_step_mode_but_fails_generate_mode():
     true_tv = shifted_q_tv_at_position_2()
 
-    step = run([Case(resolve_generator(SHIFTED_Q), {}, scenario=LOOP_SCENARIO)], 500, ALPHA, seed=0).cases[0]
+    step = run([Case(resolve_generator(SHIFTED_Q), {}, scenario=LOOP_SCENARIO)], 500, ALPHA, seed=0, sequential=False).cases[0]
     assert step.verdict == "lossless", step.reason
     # Step mode would have seen an error this large in the round it tests: the bug is outside it.
     assert step.tv_detectable < true_tv
@@ -113,13 +114,11 @@ def test_prompt_lookup_through_the_real_loop_is_lossless():
 
 
 def test_generate_cases_give_the_same_results_on_any_number_of_workers():
-    from lossless_check.generate_mode import run_generate_cases
-
     cases = [Case(resolve_generator(g), w, "generate", DEFAULT)
              for g in (ASSISTED, "PromptLookupCandidateGenerator") for w in ({"top_k": 3}, {"temperature": 0.7})]
 
     def summary(workers):
         return [(r.verdict, r.tv, r.p_value, r.mean_rounds)
-                for r in run_generate_cases(cases, 60, 0, ALPHA, workers=workers)]
+                for r in run(cases, 60, ALPHA, 0, workers=workers).cases]
 
     assert summary(1) == summary(2)

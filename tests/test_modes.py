@@ -3,8 +3,8 @@
 import pytest
 
 from lossless_check.adapters import resolve_generator
-from lossless_check.modes import run_modes
-from lossless_check.runner import Case
+from lossless_check.api import run_cases as run_modes
+from lossless_check.results import Case
 from lossless_check.scenarios import IID
 
 MUTANT = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
@@ -13,7 +13,7 @@ MUTANT = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
 @pytest.mark.parametrize("warpers", [{"top_k": 0}, {"top_k": 3}], ids=["plain", "top_k=3"])
 def test_provenance_and_statistics_agree(warpers):
     cases = [Case(resolve_generator(g), warpers, "all", IID) for g in ("DFlashTokenCandidateGenerator", MUTANT)]
-    result = run_modes(cases, 5000, 1e-6, seed=0)
+    result = run_modes(cases, 5000, 1e-6, seed=0, sequential=False)
     for case in result.cases:
         implied = {"consistent": "lossless", "inconsistent": "not_lossless"}[case.provenance["verdict"]]
         assert case.verdict == implied, case.reason
@@ -23,7 +23,7 @@ def test_provenance_and_statistics_agree(warpers):
 
 def test_provenance_mode_is_exact_and_spends_no_samples():
     cases = [Case(resolve_generator(MUTANT), {"top_k": 3}, "provenance", IID)]
-    result = run_modes(cases, 5000, 1e-6, seed=0)
+    result = run_modes(cases, 5000, 1e-6, seed=0, sequential=False)
     case = result.cases[0]
     assert case.verdict == "not_lossless" and case.samples == 3
     assert case.provenance["positions"][0]["inflation"] > 1

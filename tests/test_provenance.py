@@ -9,9 +9,10 @@ import torch
 from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
 
 from lossless_check.adapters import ADAPTERS, ResolvedGenerator, resolve_generator
-from lossless_check.provenance import (
+from lossless_check.modes.provenance import (
     ARGMAX, NOISE, SAMPLE, TOLERANCE, Draw, Interception, compare_row, disagreement, match_draws, provenance_check)
-from lossless_check.runner import Case, StepCase
+from lossless_check.modes.step import StepCase
+from lossless_check.results import Case
 from lossless_check.scenarios import DEFAULT, IID
 
 MUTANT = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"

@@ -13,7 +13,11 @@ import pytest
 
 from lossless_check.cli import build_parser
 from lossless_check.pytest_plugin import check_alpha, failure_message, reproduce_command
-from lossless_check.runner import CaseResult
+from lossless_check.results import CaseResult
+
+# In-process pytester runs restore sys.modules afterwards: a heavy module first imported inside one
+# (transformers' generation utilities register torch ops) would be imported twice. Import it here.
+import lossless_check.modes.step  # noqa: E402,F401
 
 pytest_plugins = ["pytester"]
 
@@ -126,7 +130,7 @@ def _run_downstream(pytester, *args):
         "  output law at position 1: TV * > threshold * (p=*, n=5000)",
         "  acceptance rate * vs theory *: excess +* (acceptance law *)",
         "reproduce: lossless-check run --generator mygen:DFlashReturnsRawLogits --warpers top_k=3 --mode step "
-        f"--scenario iid8 --samples 5000 --seed 0 --alpha {alpha!r}",
+        f"--scenario iid8 --samples 5000 --seed 0 --alpha {alpha!r} --fixed",
         "*= lossless-check: 2 checks, family alpha 1e-06, seed 0 =*",
         "lossless     DFlashTokenCandidateGenerator [[]top_k=3[]] iid8  n=5000  TV *test_builtin_dflash_is_lossless",
         "not_lossless DFlashReturnsRawLogits [[]top_k=3[]] iid8  n=5000  TV *test_raw_logits_mutant_is_lossless",

@@ -8,7 +8,10 @@ from scipy import stats as sps
 from scipy.special import logsumexp
 
 from lossless_check.adapters import resolve_generator
-from lossless_check.runner import Case, Observations, StepCase, case_seed, chunk_sizes, look_schedule, run
+from lossless_check.api import run_cases as run
+from lossless_check.engine import case_seed, chunk_sizes, look_schedule
+from lossless_check.modes.step import Observations, StepCase, batch1_trials_per_chunk
+from lossless_check.results import Case
 from lossless_check.scenarios import DEFAULT, IID
 
 MUTANT = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
@@ -29,9 +32,10 @@ def test_a_bug_stops_at_the_first_trial_where_the_evalue_crosses_on_the_fixed_ru
 
     # The same trials a fixed run collects, and the e-process recomputed on them, independently.
     step = StepCase(case)
-    obs = Observations.concatenate([step.collect(size, case_seed(0, case, c))
+    batch1 = batch1_trials_per_chunk(5000)
+    obs = Observations.concatenate([step.collect(size, case_seed(0, case, c), batch1[c])
                                     for c, size in enumerate(chunk_sizes(1000))])
-    combined = logsumexp(step.log_evalues(obs), axis=0) - math.log(obs.gamma + 2)
+    combined = logsumexp(step.log_evalues(obs), axis=0) - math.log(step.positions + 1)
     assert result.samples == int(np.argmax(combined >= math.log(2 / ALPHA))) + 1
     assert "anytime e-value" in result.reason
 
@@ -39,7 +43,7 @@ def test_a_bug_stops_at_the_first_trial_where_the_evalue_crosses_on_the_fixed_ru
 def test_a_clean_case_runs_to_the_planned_count_and_keeps_the_power_guarantee():
     case = Case(resolve_generator("DFlashTokenCandidateGenerator"), {"top_k": 3}, scenario=DEFAULT)
     sequential = run([case], 2000, ALPHA, seed=0, sequential=True).cases[0]
-    fixed = run([case], 2000, ALPHA, seed=0).cases[0]
+    fixed = run([case], 2000, ALPHA, seed=0, sequential=False).cases[0]
     assert sequential.verdict == fixed.verdict == "lossless"
     assert sequential.samples == 2000 and sequential.tv == fixed.tv  # the same trials
     # Half the alpha goes to the fixed-sample test: a slightly larger detectable TV, stated.

@@ -6,7 +6,8 @@ import torch
 
 from lossless_check.adapters import resolve_generator
 from lossless_check.expected import ExactLaws, first_token_law
-from lossless_check.runner import Case, run
+from lossless_check.api import run_cases as run
+from lossless_check.results import Case
 from lossless_check.scenarios import IID
 from lossless_check.stubs import fixed_logits_lm
 from lossless_check.warpers import capture_processors
@@ -43,7 +44,7 @@ def raw_logits_bug_tv(warpers):
 
 @pytest.mark.parametrize("generator, samples", [("AssistedCandidateGenerator", 1500), ("DFlashTokenCandidateGenerator", 3000)])
 def test_builtin_generators_are_lossless(generator, samples):
-    result = run([Case(resolve_generator(generator), {"top_k": 3}, scenario=IID)], samples, 1e-6, seed=0)
+    result = run([Case(resolve_generator(generator), {"top_k": 3}, scenario=IID)], samples, 1e-6, seed=0, sequential=False)
     case = result.cases[0]
     assert case.verdict == "lossless", case.reason
     assert case.expected_acceptance_rate is not None
@@ -52,7 +53,7 @@ def test_builtin_generators_are_lossless(generator, samples):
 
 def test_raw_logits_mutant_is_flagged_with_the_claimed_power():
     samples = 5000
-    result = run([Case(resolve_generator(MUTANT), {"top_k": 3}, scenario=IID)], samples, 1e-6, seed=0)
+    result = run([Case(resolve_generator(MUTANT), {"top_k": 3}, scenario=IID)], samples, 1e-6, seed=0, sequential=False)
     case = result.cases[0]
     true_tv = raw_logits_bug_tv({"top_k": 3})
     # The engine claims detection with power 0.99 above tv_detectable; the bug is above it.
@@ -65,13 +66,13 @@ def test_raw_logits_mutant_is_flagged_with_the_claimed_power():
 
 def test_mutant_is_honest_without_warpers():
     """With no warper that changes q, raw and processed logits agree: the mutant is then lossless."""
-    result = run([Case(resolve_generator(MUTANT), {"top_k": 0}, scenario=IID)], 1500, 1e-6, seed=1)
+    result = run([Case(resolve_generator(MUTANT), {"top_k": 0}, scenario=IID)], 1500, 1e-6, seed=1, sequential=False)
     assert result.cases[0].verdict == "lossless", result.cases[0].reason
 
 
 def test_same_seed_same_result():
     def once():
-        r = run([Case(resolve_generator("DFlashTokenCandidateGenerator"), {"top_k": 3}, scenario=IID)], 300, 1e-6, 5)
+        r = run([Case(resolve_generator("DFlashTokenCandidateGenerator"), {"top_k": 3}, scenario=IID)], 300, 1e-6, 5, sequential=False)
         d = r.cases[0].to_dict()
         d.pop("seconds"), d.pop("samples_per_second")
         return d
@@ -83,12 +84,12 @@ def test_drafts_that_stop_at_eos_are_tested_not_rejected():
     """An EOS-boosting length penalty makes the assistant stop drafting early, so draft lengths vary
     from round to round, as they do in _assisted_decoding: still lossless, and the token after a
     short draft counts as a sample of p, not of the rejection residual."""
-    from lossless_check.runner import StepCase
+    from lossless_check.modes.step import StepCase
 
     warpers = {"top_k": 3, "exponential_decay_length_penalty": (1, 2.0), "eos_token_id": 5}
     case = Case(resolve_generator("AssistedCandidateGenerator"), warpers)
     obs = StepCase(case).collect(300, seed=0)
     assert obs.drafts.min() < obs.drafts.max() == 3
-    result = run([case], 2000, 1e-6, seed=0).cases[0]
+    result = run([case], 2000, 1e-6, seed=0, sequential=False).cases[0]
     assert result.verdict == "lossless", result.reason
     assert not result.diagnostics and "varying length" in result.reason

@@ -21,8 +21,9 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .errors import GeneratorFailure, NotApplicable
-from .runner import Case, StepCase, one_line, check_candidates
+from ..candidates import check_candidates
+from ..errors import GeneratorFailure, NotApplicable
+from ..results import Case, CaseResult, one_line
 
 #: Largest total variation between the sampled row and ``softmax(returned candidate_logits)`` that
 #: still counts as equal. Both sides are float32 softmaxes of (ideally) the same float32 logits;
@@ -269,17 +270,16 @@ def provenance_check(case: Case, trials: int = 3, seed: int = 0) -> ProvenanceRe
 
     Raises :class:`GeneratorFailure` if the generator fails to build, raises, or returns malformed
     candidates (the case's verdict is then ``error``, as in step mode). Callers skip the cases
-    :func:`~lossless_check.runner.run_case` skips.
+    :func:`~lossless_check.modes.step.skip_reason` skips.
     """
     if trials < 1:
         raise ValueError("provenance_check needs at least one trial")
     started = time.perf_counter()
+    from .step import StepCase
+
     step = StepCase(case)
     vocab, prompt = case.scenario.vocab_size, step.prompt_ids
-    try:
-        session = case.generator.adapter.session(step.context())
-    except Exception as exc:  # noqa: BLE001 - the generator under test failed to build
-        raise GeneratorFailure(f"building the generator raised {one_line(exc)}") from exc
+    session = step.session()
     by_position: dict[int, list[PositionProvenance]] = {}
     gaps = []
     with torch.random.fork_rng(devices=[]), torch.no_grad():
@@ -333,13 +333,61 @@ def provenance_check(case: Case, trials: int = 3, seed: int = 0) -> ProvenanceRe
 #: The statistical verdict each provenance verdict implies in step mode, where the verifier is the
 #: installed ``_speculative_sampling`` and only the drafter's honesty is in question.
 IMPLIED = {"consistent": "lossless", "inconsistent": "not_lossless"}
+#: Drafts inspected per provenance case: the check is exact, a few rounds cover every position.
+PROVENANCE_TRIALS = 3
 
 
-def disagreement(statistical_verdict: str, result: ProvenanceResult) -> str | None:
+def run_provenance_case(case: Case, seed: int) -> CaseResult:
+    """A provenance-mode case: verdict from the exact check (no sampling error, no alpha spent)."""
+    from .step import skip_reason
+
+    result = case.result()
+    reason = skip_reason(case)
+    if reason is not None:
+        result.verdict, result.reason = "skipped", reason
+        return result
+    try:
+        prov = provenance_check(case, PROVENANCE_TRIALS, seed)
+    except NotApplicable as exc:
+        result.verdict, result.reason = "skipped", str(exc)
+        return result
+    except GeneratorFailure as exc:
+        result.verdict, result.reason = "error", str(exc)
+        return result
+    result.provenance = prov.to_dict()
+    result.samples, result.seconds = prov.trials, prov.seconds
+    result.verdict = {"consistent": "lossless", "inconsistent": "not_lossless"}.get(prov.verdict, "error")
+    result.exact_failure = prov.verdict == "inconsistent"
+    if result.exact_failure:
+        result.failed_checks.append("provenance")
+    result.reason = prov.reason
+    return result
+
+
+def attach_provenance(step: CaseResult, case: Case, seed: int) -> None:
+    """Put the provenance sub-verdict beside a decided step verdict; say loudly when they disagree."""
+    if step.verdict not in ("lossless", "not_lossless"):
+        return
+    try:
+        prov = provenance_check(case, PROVENANCE_TRIALS, seed)
+    except (GeneratorFailure, NotApplicable) as exc:
+        step.provenance = {"verdict": "error" if isinstance(exc, GeneratorFailure) else "skipped", "reason": str(exc)}
+        return
+    step.provenance = prov.to_dict()
+    note = disagreement(step.verdict, prov, step.tv_detectable)
+    if note is not None:
+        step.reason = f"{note}; {step.reason}"
+
+
+def disagreement(statistical_verdict: str, result: ProvenanceResult, tv_detectable: float | None = None) -> str | None:
     """A loud one-line warning when the provenance and statistical verdicts contradict each other."""
     implied = IMPLIED.get(result.verdict)
     if implied is None or statistical_verdict not in IMPLIED.values() or implied == statistical_verdict:
         return None
+    if statistical_verdict == "lossless":
+        power = f" (detectable TV {tv_detectable:.3g})" if tv_detectable is not None else ""
+        return (f"DISAGREEMENT: provenance says {result.verdict} ({result.reason}) but the statistics did not "
+                f"detect it{power}: the effect is below the run's power, or provenance misread the draws")
     return (
         f"DISAGREEMENT: provenance says {result.verdict} but the statistical verdict is {statistical_verdict}: "
         "a harness bug, an interception gap, or a statistical false alarm"

@@ -19,6 +19,9 @@ Reference: plain sampling with the same config emits ``x_1 .. x_K`` with
 Together the conditionals are the joint law of the first ``K`` tokens (with stopping). Targets: the
 fixed-logits stubs of a :class:`~.scenarios.Scenario` (law from the table), or a randomly initialised
 tiny Llama (:class:`TinyLlamaScenario`; law from running the target on each observed prefix).
+
+Samples come in the engine's seeded chunks, so results do not depend on ``--workers``. The
+real loop drafts one sequence at a time: generate mode is never batched.
 """
 
 from __future__ import annotations
@@ -34,14 +37,16 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .adapters import DraftContext
-from .adapters.assisted import assistant_for, constant_drafts
-from .errors import GeneratorFailure
-from .expected import ExactLaws
-from .runner import Case, CaseResult, case_seed, one_line, position_tests, worker_pool
-from .stats import Stratum
-from .stubs import fixed_logits_lm
-from .warpers import capture_processors
+from ..adapters import DraftContext
+from ..adapters.assisted import assistant_for, constant_drafts
+from ..analysis import position_tests
+from ..engine import guarded, run_in_chunks
+from ..errors import GeneratorFailure
+from ..expected import ExactLaws
+from ..results import Case, CaseResult, one_line
+from ..stats import Stratum
+from ..stubs import fixed_logits_lm
+from ..warpers import capture_processors
 
 #: Laws are functions of the generated prefix: ``law(prefix)`` is ``p(. | prompt + prefix)``.
 Law = Callable[[tuple[int, ...]], np.ndarray]
@@ -90,7 +95,7 @@ def tiny_llama_pair(seed: int, vocab_size: int = 8, drafter_noise: float = 0.1):
 
 @dataclass
 class GenerateCaseResult(CaseResult):
-    """A generate-mode case: :class:`~.runner.CaseResult` plus what the loop did."""
+    """A generate-mode case: :class:`~lossless_check.results.CaseResult` plus what the loop did."""
 
     max_new_tokens: int = 0
     mean_rounds: float | None = None  # target forward passes per generate() call
@@ -114,6 +119,11 @@ class Generations:
     rounds: np.ndarray
     stopping_violations: int
     seconds: float
+
+    @classmethod
+    def concatenate(cls, parts: list["Generations"]) -> "Generations":
+        return cls(np.concatenate([p.emitted for p in parts]), np.concatenate([p.rounds for p in parts]),
+                   sum(p.stopping_violations for p in parts), sum(p.seconds for p in parts))
 
 
 class _ModelLaws:
@@ -302,16 +312,31 @@ def analyse(case: Case, setup: _Setup, gens: Generations, alpha_case: float) -> 
     return result
 
 
-def run_generate_case(case: Case, samples: int, seed: int, alpha_case: float, max_new_tokens: int = 4,
-                      progress: Callable[[int], None] | None = None) -> CaseResult:
-    """Run and analyse one case through the real ``generate()`` loop.
+def skip_reason(case: Case) -> str | None:
+    """Why generate mode cannot drive this case's generator (``None`` if it can)."""
+    generator = case.generator
+    if generator.generator_class is None:
+        return f"{generator.adapter.name} is not in the installed transformers"
+    name = generator.adapter.name
+    builtin_lookup = name == "PromptLookupCandidateGenerator" and generator.generator_class.__module__.startswith(
+        "transformers.")
+    if name != "AssistedCandidateGenerator" and not builtin_lookup:
+        return (f"generate mode drives the assistant_model and prompt-lookup paths (built-in prompt lookup only), "
+                f"not {generator.display_name}")
+    return None
 
-    ``case.scenario`` is a fixed-logits :class:`~.scenarios.Scenario` or a :class:`TinyLlamaScenario`;
-    ``case.warpers`` are ``GenerationConfig`` keywords (``eos_token_id`` among them for EOS cases).
-    Supported generators: ``AssistedCandidateGenerator`` (which ``generate()`` picks itself for
-    ``assistant_model=``) and its subclasses (wired in through ``_get_candidate_generator``), and the
-    built-in ``PromptLookupCandidateGenerator`` (``prompt_lookup_num_tokens=gamma``); other
-    families are ``skipped``. Generator failures give verdict ``error``.
+
+def run_generate_case(case: Case, samples: int, seed: int, alpha_case: float, sequential: bool = False,
+                      timeout: float = 600.0) -> CaseResult:
+    """Run and analyse one case through the real ``generate()`` loop (``case.max_new_tokens`` tokens a call).
+
+    ``case.scenario`` is a fixed-logits :class:`~lossless_check.scenarios.Scenario` or a
+    :class:`TinyLlamaScenario`; ``case.warpers`` are ``GenerationConfig`` keywords (``eos_token_id``
+    among them for EOS cases). Supported generators: ``AssistedCandidateGenerator`` (which
+    ``generate()`` picks itself for ``assistant_model=``) and its subclasses (wired in through
+    ``_get_candidate_generator``), and the built-in ``PromptLookupCandidateGenerator``
+    (``prompt_lookup_num_tokens=gamma``); other families are ``skipped``. Generator failures give
+    verdict ``error``. Generate mode is a fixed-sample test (``sequential`` is ignored).
 
     Assumptions: the ``samples`` calls are independent (each ``generate()`` builds a fresh candidate
     generator; the drafter uses a constant draft length). Then, for a lossless loop, the case is
@@ -319,48 +344,25 @@ def run_generate_case(case: Case, samples: int, seed: int, alpha_case: float, ma
     ``tv_detectable`` (position 1; every position in ``positions``) is the sample-weighted TV the
     position's test detects with probability ``POWER``; later positions have fewer samples and, with
     history-dependent laws, more strata, hence less power. The verdict here is at ``alpha_case``;
-    :func:`~.runner.decide` re-decides it across a run's cases.
+    :func:`~lossless_check.results.decide` re-decides it across a run's cases.
     """
-    base = GenerateCaseResult(case.generator.display_name, case.warper_spec, "generate", case.scenario.name,
-                              max_new_tokens=max_new_tokens)
-    if case.generator.generator_class is None:
-        base.verdict, base.reason = "skipped", f"{case.generator.adapter.name} is not in the installed transformers"
-        return base
-    name = case.generator.adapter.name
-    prompt_lookup = name == "PromptLookupCandidateGenerator"
-    if name != "AssistedCandidateGenerator" and not (prompt_lookup and case.generator.generator_class.__module__
-                                                     .startswith("transformers.")):
-        base.verdict = "skipped"
-        base.reason = (f"generate mode drives the assistant_model and prompt-lookup paths (built-in prompt lookup "
-                       f"only), not {case.generator.display_name}")
-        return base
-    try:
-        setup = _setup(case, max_new_tokens)
-        gens = collect(setup, samples, max_new_tokens, case_seed(seed, case), progress)
-    except GeneratorFailure as exc:
-        base.verdict, base.reason = "error", str(exc)
-        return base
-    return analyse(case, setup, gens, alpha_case)
+    reason = skip_reason(case)
+    if reason is not None:
+        return GenerateCaseResult(case.generator.display_name, case.warper_spec, "generate", case.scenario.name,
+                                  verdict="skipped", reason=reason, max_new_tokens=case.max_new_tokens)
+
+    def run() -> CaseResult:
+        setup = _setup(case, case.max_new_tokens)
+        return run_in_chunks(
+            case, samples, seed, False, timeout,
+            lambda chunk, size, chunk_seed: collect(setup, size, case.max_new_tokens, chunk_seed),
+            lambda parts, final: analyse(case, setup, Generations.concatenate(parts), alpha_case))
+
+    result = guarded(case, run)
+    if not isinstance(result, GenerateCaseResult):
+        result = GenerateCaseResult(**result.__dict__, max_new_tokens=case.max_new_tokens)
+    return result
 
 
-def run_generate_cases(cases: list[Case], samples: int, seed: int, alpha_case: float, max_new_tokens: int = 4,
-                       workers: int = 1, progress: Callable[[int], None] | None = None) -> list[CaseResult]:
-    """:func:`run_generate_case` for every case, on ``workers`` processes (one case per task).
-
-    Each case seeds itself from the run seed and its own key, so the results do not depend on
-    ``workers``. With several workers, progress advances a whole case at a time.
-    """
-    if workers <= 1 or len(cases) < 2:
-        return [run_generate_case(case, samples, seed, alpha_case, max_new_tokens, progress) for case in cases]
-    with worker_pool(workers) as pool:
-        futures = [pool.submit(run_generate_case, case, samples, seed, alpha_case, max_new_tokens) for case in cases]
-        results = []
-        for future in futures:
-            results.append(future.result())
-            if progress is not None:
-                progress(samples)
-    return results
-
-
-__all__ = ["GenerateCaseResult", "TINY_LLAMA", "TinyLlamaScenario", "run_generate_case", "run_generate_cases",
+__all__ = ["GenerateCaseResult", "TINY_LLAMA", "TinyLlamaScenario", "run_generate_case", "skip_reason",
            "tiny_llama_pair"]

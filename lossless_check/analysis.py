@@ -1,0 +1,195 @@
+"""From observations to tests: stratification, the per-position law tests, the anytime e-value, and
+the two-sample test between batch arms.
+
+Every mode observes rows of emitted tokens (``-1`` past the end of a row). At output position
+``j`` the rows that reached ``j`` are grouped by the exact law of their ``j``-th token given the
+tokens before it (a *stratum*), and each position is one law test (:func:`position_tests`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+from scipy.special import logsumexp
+
+from .homogeneity import two_sample_test
+from .results import EXACT_CHECKS, POWER, CaseResult
+from .stats import Stratum, bonferroni_min, law_test, mixture_log_evalues, tv_confidence_interval
+
+#: ``law_of(prefix)`` is the exact law of the next token after ``prompt + prefix`` (``None``: no law).
+LawOf = Callable[[tuple], "np.ndarray | None"]
+#: Share of a batched case's alpha spent on the two-sample test between its arms.
+TWO_SAMPLE_SHARE = 0.1
+
+
+def stratify(rows: np.ndarray, position: int, law_of: LawOf) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Stratum of every row at ``position``: rows whose tokens before it have the same exact law share
+    one; -1 where ``law_of`` has no law."""
+    laws: list[np.ndarray] = []
+    index: dict[bytes, int] = {}
+    of_prefix: dict[tuple, int] = {}
+    ids = np.empty(len(rows), dtype=np.int64)
+    for r, row in enumerate(rows[:, :position].tolist()):
+        prefix = tuple(row)
+        if prefix not in of_prefix:
+            law = law_of(prefix)
+            if law is None:
+                of_prefix[prefix] = -1
+            else:
+                of_prefix[prefix] = index.setdefault(law.tobytes(), len(laws))
+                if of_prefix[prefix] == len(laws):
+                    laws.append(law)
+        ids[r] = of_prefix[prefix]
+    return ids, laws
+
+
+def counts_by_stratum(ids: np.ndarray, tokens: np.ndarray, laws: list[np.ndarray], vocab: int) -> list[Stratum]:
+    kept = ids >= 0
+    counts = np.bincount(ids[kept] * vocab + tokens[kept], minlength=len(laws) * vocab)
+    return [Stratum(c, law) for c, law in zip(counts.reshape(len(laws), vocab), laws)]
+
+
+def strata(rows: np.ndarray, position: int, law_of: LawOf, vocab: int) -> list[Stratum]:
+    """The rows' tokens at ``position`` counted by stratum."""
+    ids, laws = stratify(rows, position, law_of)
+    return counts_by_stratum(ids, rows[:, position], laws, vocab)
+
+
+def position_tests(result: CaseResult, strata_by_position: list[list[Stratum]], alpha_case: float) -> int:
+    """Test the output law at every position; fill ``result``; return the number of support violations.
+
+    Each position gets ``alpha_case / positions`` and the case's p-value is their Bonferroni
+    combination. Position 1 gives the case's headline TV, its interval and the chi-square / G
+    diagnostics; the first failing position (else position 1), when it is a single stratum, gives the
+    empirical and expected laws that reports plot.
+    """
+    alpha_position = alpha_case / len(strata_by_position)
+    result.alpha_case = alpha_case
+    pvalues, violations, tests = [], 0, []
+    for j, position_strata in enumerate(strata_by_position):
+        test = law_test(position_strata, alpha_position, POWER)
+        tests.append(test)
+        violations += test.support_violations
+        pvalues.append(test.pvalue)
+        result.positions.append({
+            "position": j + 1,
+            "samples": test.n,
+            "strata": len(position_strata),
+            "tv": test.statistic,
+            "tv_threshold": test.threshold_tv,
+            "tv_detectable": test.tv_detectable,
+            "p_value": test.pvalue,
+            "chi2_p_value": test.chi2_pvalue,
+            "support_violations": test.support_violations,
+        })
+        if test.pvalue <= alpha_position:
+            result.failed_checks.append(f"output_law@{j + 1}")
+    first = tests[0]
+    result.tv, result.tv_detectable = first.statistic, first.tv_detectable
+    result.tv_ci = tv_confidence_interval(strata_by_position[0])
+    result.chi2, result.chi2_dof, result.chi2_p_value, result.g_p_value = (
+        first.chi2, first.chi2_dof, first.chi2_pvalue, first.g_pvalue)
+    failing = [j for j, t in enumerate(tests) if t.rejects(alpha_position)]
+    shown = failing[0] if failing else 0
+    if len(strata_by_position[shown]) == 1 and strata_by_position[shown][0].n:
+        only = strata_by_position[shown][0]
+        result.empirical_law = (only.counts / only.n).tolist()
+        result.expected_law = only.expected.tolist()
+        result.law_position = shown + 1
+    result.p_value = bonferroni_min(pvalues)
+    if violations:
+        result.failed_checks.insert(0, "support")
+    return violations
+
+
+def log_evalues(emitted: np.ndarray, positions: int, law_of: LawOf) -> np.ndarray:
+    """Running log e-values of the output laws, ``(positions + 1, rows)``: one row per position
+    (:func:`~lossless_check.stats.mixture_log_evalues` over the rows that reached it, strata as in
+    :func:`strata`), then their product (all positions' evidence together).
+
+    Every row is a test martingale over trials for a lossless round: given the earlier trials and
+    the earlier positions of its own trial, a trial's token at position ``j`` follows
+    ``p_j(. | prefix)`` whenever it reached ``j``.
+    """
+    trials = len(emitted)
+    result = []
+    for j in range(positions):
+        reached = np.flatnonzero(emitted[:, j] >= 0) if j < emitted.shape[1] else np.zeros(0, dtype=np.int64)
+        per_trial = np.zeros(trials)
+        if reached.size:
+            ids, laws = stratify(emitted[reached], j, law_of)
+            running = mixture_log_evalues(ids, emitted[reached, j], laws)
+            per_trial[reached] = np.diff(running, prepend=0.0)
+        result.append(np.cumsum(per_trial))
+    result.append(np.sum(result, axis=0))
+    return np.array(result)
+
+
+def combined_log_evalue(log_e: np.ndarray) -> np.ndarray:
+    """The mean of the e-value rows (an e-value process itself), in logs."""
+    return logsumexp(log_e, axis=0) - math.log(len(log_e))
+
+
+def arms_test(result: CaseResult, emitted: np.ndarray, arm: np.ndarray, positions: int, law_of: LawOf,
+              vocab: int, alpha: float) -> None:
+    """Two-sample test between the batch-1 arm (``arm == 0``) and the batched arm at every position
+    (Bonferroni over positions at ``alpha``); fills ``result.batch`` and fails ``batch_consistency``."""
+    alpha_position = alpha / positions
+    rows = []
+    for j in range(min(positions, emitted.shape[1])):
+        reached = emitted[:, j] >= 0
+        ids, laws = stratify(emitted[reached], j, law_of)
+        tokens, in_arm = emitted[reached, j], arm[reached]
+        test = two_sample_test(counts_by_stratum(ids[in_arm == 0], tokens[in_arm == 0], laws, vocab),
+                               counts_by_stratum(ids[in_arm == 1], tokens[in_arm == 1], laws, vocab), alpha_position)
+        rows.append({"position": j + 1, "tv_between_arms": test.statistic, "tv_threshold": test.threshold_tv,
+                     "p_value": test.pvalue, "batch1_samples": test.n_a, "batched_samples": test.n_b})
+    p_value = bonferroni_min([r["p_value"] for r in rows])
+    result.batch.update(two_sample_p_value=p_value, two_sample_alpha=alpha, two_sample_positions=rows)
+    if p_value <= alpha:
+        worst = min(rows, key=lambda r: r["p_value"])
+        result.batch["reason"] = (f"position {worst['position']}: TV {worst['tv_between_arms']:.4f} between the arms "
+                                  f"> {worst['tv_threshold']:.4f}, p={worst['p_value']:.2g}")
+        result.failed_checks.append("batch_consistency")
+
+
+def stop_sequentially(result_at: Callable[[int | None, float], CaseResult], log_e: np.ndarray, alpha_case: float,
+                      final: bool, exact_failure_seen: bool) -> CaseResult | None:
+    """A sequential case at one look: its result if it stops here, else ``None``.
+
+    ``alpha_case`` is split in halves. One half goes to an anytime-valid test: the mean of the test
+    martingales ``log_e`` (one per position, and their product) is watched after every trial, and
+    the case stops at the first trial where it reaches ``2 / alpha_case`` (Ville's inequality: under
+    the null this happens with probability at most ``alpha_case / 2``, however long the run). The
+    other half goes to the fixed-sample tests at the planned sample count, which give the
+    ``tv_detectable`` guarantee of a clean pass. An exact failure stops the case at the look that
+    sees it. ``result_at(trials, alpha)`` analyses the first ``trials`` trials (all: ``None``) at ``alpha``.
+    """
+    combined = combined_log_evalue(log_e)
+    crossed = np.flatnonzero(combined >= math.log(2.0 / alpha_case))
+    rejected = crossed.size > 0
+    if not (rejected or final or exact_failure_seen):
+        return None
+    trials = int(crossed[0]) + 1 if rejected else log_e.shape[1]
+    result = result_at(trials if rejected else None, alpha_case / 2)
+    result.log_e_value = float(combined[:trials].max())
+    p_anytime = min(1.0, math.exp(-result.log_e_value))
+    if final and not rejected:
+        result.p_value = min(1.0, 2 * min(p_anytime, result.p_value))
+    else:
+        # Stopped before the planned sample count: the fixed-sample tests' level does not hold here.
+        result.p_value = min(1.0, 2 * p_anytime)
+        result.failed_checks = [c for c in result.failed_checks if c in EXACT_CHECKS]
+        if rejected:
+            # A position's own e-process past 2 * rows / alpha_case rejects that position's law at
+            # level alpha_case / (2 * rows) (Ville, Bonferroni over the rows): where the bug is.
+            level = math.log(2.0 * len(log_e) / alpha_case)
+            result.failed_checks += [f"output_law@{j + 1}" for j, row in enumerate(log_e[:-1, :trials])
+                                     if row.max() >= level]
+            result.failed_checks.append("e_value")
+    for entry, row in zip(result.positions, log_e):
+        entry["log_e_value"] = float(row[trials - 1])
+    result.alpha_case = alpha_case
+    return result

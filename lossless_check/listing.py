@@ -1,0 +1,57 @@
+"""``lossless-check list``: what can be checked on the installed transformers, and with what."""
+
+from __future__ import annotations
+
+#: Generators that return no ``q``: ``_assisted_decoding`` samples the target at every position.
+NO_Q = ("PromptLookupCandidateGenerator", "AssistedCandidateGeneratorDifferentTokenizers")
+
+
+def modes_for(name: str) -> str:
+    """The modes that give a verdict for the built-in generator ``name`` on this install."""
+    from .adapters import resolve_generator
+    from .modes.generate import skip_reason
+    from .results import Case
+
+    generator = resolve_generator(name)
+    if generator.generator_class is None:
+        return "not installed: every case is skipped"
+    modes = [] if name in NO_Q else ["step", "provenance"]
+    if skip_reason(Case(generator, {}, "generate")) is None:
+        modes.append("generate")
+    batched = " (step batched)" if "step" in modes and getattr(generator.adapter, "batchable", False) else ""
+    return (", ".join(modes) or "none") + batched
+
+
+def print_listing() -> int:
+    from rich.console import Console
+    from rich.table import Table
+    from transformers.generation import candidate_generator as cg
+
+    from .adapters import ADAPTERS
+    from .compat import versions
+    from .matrix import MATRIX_NAMES, available_catalog, matrix
+    from .modes.generate import TINY_LLAMA
+    from .scenarios import SCENARIOS
+    from .warpers import format_warpers
+
+    console = Console()
+    table = Table(title=f"candidate generators in transformers {versions()['transformers_version']}",
+                  title_justify="left")
+    table.add_column("generator")
+    table.add_column("modes with a verdict")
+    installed = {n for n, obj in vars(cg).items()
+                 if isinstance(obj, type) and issubclass(obj, cg.CandidateGenerator) and obj is not cg.CandidateGenerator}
+    for name in sorted(installed | set(ADAPTERS)):
+        table.add_row(name, modes_for(name) if name in ADAPTERS else "no adapter yet")
+    console.print(table)
+    for scenario in SCENARIOS.values():
+        console.print(f"scenario {scenario.name}: vocabulary {scenario.vocab_size}, {scenario.target.kind} target, "
+                      f"{scenario.drafter.kind} drafter, gamma {scenario.gamma}", highlight=False)
+    console.print(f"scenario {TINY_LLAMA.name}: two seeded 2-layer Llamas, vocabulary {TINY_LLAMA.vocab_size} "
+                  "(generate mode only)", highlight=False)
+    for entry in available_catalog():
+        history = " (history-dependent)" if entry.history_dependent else ""
+        console.print(f"warper {entry.option}: {format_warpers(entry.kwargs)}{history}", highlight=False)
+    for name in MATRIX_NAMES:
+        console.print(f"matrix {name}: {len(matrix(name))} warper stacks", highlight=False)
+    return 0

@@ -1,0 +1,437 @@
+"""Step mode: one verification round per trial, through the real generator and the real verifier.
+
+Per trial, as ``_assisted_decoding`` does on its first round: ``get_candidates()`` of a fresh real
+generator; the target's logits for every candidate position, processed by the real
+``LogitsProcessorList`` with the candidate prefix as history; the installed
+``_speculative_sampling`` on that one row. The emitted tokens and ``n_matches`` are recorded.
+
+**Batched trials.** Where the generator family can draft several independent rows in one real
+``get_candidates`` call (``adapter.batchable``), most trials of a chunk come from one call on
+:data:`BATCH_SIZE` identical prompt rows, and each row then goes alone through the verifier. Since
+the real loop only ever calls a generator with one row, every case also keeps a *batch-1 arm* (a
+fixed share of its trials, at least :data:`MIN_BATCH1_TRIALS`) tested like the rest, and a
+two-sample test between the arms is part of the verdict (:func:`~lossless_check.analysis.arms_test`).
+A user's own generator is batched only when :meth:`StepCase.rows_consistent` finds each row's
+``q`` to be a function of that row's drafts alone, as at batch 1; otherwise, and for families that
+cannot batch, every trial is a batch-1 call and the report says why.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..adapters import DraftContext
+from ..analysis import (TWO_SAMPLE_SHARE, arms_test, log_evalues, position_tests, stop_sequentially, strata)
+from ..candidates import check_candidates
+from ..compat import speculative_sampling
+from ..engine import chunk_sizes, guarded, run_in_chunks
+from ..errors import GeneratorFailure, NotApplicable
+from ..expected import ExactLaws
+from ..results import POWER, Case, CaseResult, one_line
+from ..stats import Stratum, law_test
+from ..stubs import fixed_logits_lm
+from ..warpers import capture_processors
+
+#: ``max_new_tokens`` of the generation config in step mode: far enough that no candidate is cut.
+STEP_MAX_NEW_TOKENS = 64
+#: Rows per real ``get_candidates`` call in the batched arm.
+BATCH_SIZE = 256
+#: The batch-1 arm: this share of a case's trials, and at least this many.
+BATCH1_SHARE = 1 / 16
+MIN_BATCH1_TRIALS = 250
+
+
+@dataclass
+class Observations:
+    """What step-mode trials emitted. ``emitted[t, j]`` is -1 past the end of trial ``t``;
+    ``drafts[t]`` is its draft length (a drafter may stop early, at EOS); ``impossible[t]`` counts
+    its drafts that their returned q gives probability 0; ``arm[t]`` is 0 for a batch-1 trial and 1
+    for a row of a batched call."""
+
+    emitted: np.ndarray
+    n_matches: np.ndarray
+    drafts: np.ndarray
+    impossible: np.ndarray
+    arm: np.ndarray
+    seconds: float
+
+    @property
+    def gamma(self) -> int:
+        """The longest draft."""
+        return self.emitted.shape[1] - 1
+
+    @property
+    def impossible_drafts(self) -> int:
+        return int(self.impossible.sum())
+
+    @classmethod
+    def concatenate(cls, parts: list["Observations"]) -> "Observations":
+        width = max(p.emitted.shape[1] for p in parts)
+        return cls(
+            np.concatenate([_widen(p.emitted, width) for p in parts]),
+            np.concatenate([p.n_matches for p in parts]),
+            np.concatenate([p.drafts for p in parts]),
+            np.concatenate([p.impossible for p in parts]),
+            np.concatenate([p.arm for p in parts]),
+            sum(p.seconds for p in parts),
+        )
+
+    def head(self, trials: int) -> "Observations":
+        """The first ``trials`` trials (the seconds scaled to them)."""
+        return Observations(self.emitted[:trials], self.n_matches[:trials], self.drafts[:trials],
+                            self.impossible[:trials], self.arm[:trials], self.seconds * trials / len(self.n_matches))
+
+
+def _widen(emitted: np.ndarray, width: int) -> np.ndarray:
+    """``emitted`` padded with -1 (nothing emitted) to ``width`` columns."""
+    return np.pad(emitted, ((0, 0), (0, width - emitted.shape[1])), constant_values=-1)
+
+
+def batch1_trials_per_chunk(samples: int) -> list[int]:
+    """Batch-1 trials in each chunk: :data:`BATCH1_SHARE` of the case (at least
+    :data:`MIN_BATCH1_TRIALS`), spread over the chunks in proportion to their sizes."""
+    total = min(samples, max(MIN_BATCH1_TRIALS, round(samples * BATCH1_SHARE)))
+    cumulative = np.cumsum(chunk_sizes(samples))
+    upto = [round(total * c / samples) for c in cumulative]
+    return [b - a for a, b in zip([0] + upto[:-1], upto)]
+
+
+def _flag(adapter, name: str) -> bool:
+    value = getattr(adapter, name, False)
+    return bool(value() if callable(value) else value)
+
+
+class StepCase:
+    """Builds the stubs, the processors and the real generator of one case; runs its trials."""
+
+    def __init__(self, case: Case, batch_size: int = BATCH_SIZE):
+        self.case = case
+        scenario = case.scenario
+        self.prompt_ids = torch.tensor([scenario.prompt], dtype=torch.long)
+        self.target = fixed_logits_lm(scenario.target, prompt_length=len(scenario.prompt))
+        self.processors, self.generation_config = capture_processors(
+            self.target, self.prompt_ids, case.warpers, STEP_MAX_NEW_TOKENS
+        )
+        self.laws = ExactLaws(scenario, self.processors)
+        self.verify = speculative_sampling()
+        self.positions = scenario.gamma + 1
+        self.requested_batch_size = batch_size
+        eos = self.generation_config.eos_token_id
+        self.eos = frozenset([] if eos is None else [eos] if isinstance(eos, int) else eos)
+        self._session = None
+        self._batching: tuple[int, str] | None = None
+        self._target_logits: dict[tuple[int, ...], torch.Tensor] = {}
+
+    # -- the generator -------------------------------------------------------------------------
+
+    def context(self) -> DraftContext:
+        return DraftContext(
+            scenario=self.case.scenario,
+            generator_class=self.case.generator.generator_class,
+            generation_config=self.generation_config,
+            processors=self.processors,
+            target=self.target,
+            prompt_ids=self.prompt_ids,
+        )
+
+    def session(self):
+        """The adapter's session (stubs and everything reusable), built once."""
+        if self._session is None:
+            try:
+                self._session = self.case.generator.adapter.session(self.context())
+            except Exception as exc:  # noqa: BLE001 - the generator under test failed to build
+                raise GeneratorFailure(f"building the generator raised {one_line(exc)}") from exc
+        return self._session
+
+    def draft(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One real ``get_candidates`` call on ``rows`` prompt rows, checked."""
+        prompt = self.prompt_ids.expand(rows, -1)
+        try:
+            candidate_ids, candidate_logits = self.session().draft(prompt)
+        except (GeneratorFailure, NotApplicable):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the generator under test raised
+            raise GeneratorFailure(f"get_candidates raised {one_line(exc)}") from exc
+        check_candidates(prompt, candidate_ids, candidate_logits, self.case.scenario.vocab_size,
+                         self.generation_config.max_length)
+        if candidate_logits is None or candidate_ids.shape[1] == prompt.shape[1]:
+            raise NotApplicable(
+                "returns no candidate_logits: _assisted_decoding then samples the target at every position "
+                "(no q to check), so step mode does not apply"
+            )
+        return candidate_ids, candidate_logits
+
+    @property
+    def batching(self) -> tuple[int, str]:
+        """``(rows per call in the batched arm, why)``; 1 when the case runs at batch 1 only."""
+        if self._batching is None:
+            self._batching = self._decide_batching()
+        return self._batching
+
+    def _decide_batching(self) -> tuple[int, str]:
+        generator = self.case.generator
+        adapter = generator.adapter
+        factory = adapter.name == "factory"
+        if self.requested_batch_size <= 1:
+            return 1, "batch 1 as requested"
+        if not factory and not _flag(adapter, "batchable"):
+            return 1, f"batch 1: {adapter.name} cannot draft several rows in one call on this release"
+        if factory or generator.generator_class is not adapter.installed_class():
+            # A user's own generator: batched only if its rows behave as batch-1 calls do.
+            inconsistent = self.rows_consistent()
+            if inconsistent is not None:
+                return 1, f"batch 1: {inconsistent}"
+            return self.requested_batch_size, "batched: rows checked consistent with batch 1"
+        return self.requested_batch_size, f"batched: {adapter.name} drafts independent rows"
+
+    def rows_consistent(self, calls: int = 8, rows: int = 16, seed: int = 0) -> str | None:
+        """``None`` when every row's returned ``q`` at draft position ``j`` is a function of that
+        row's first ``j`` drafts alone, the same in a batched call and at batch 1; else why not.
+
+        The stubs are deterministic given the drafted prefix, so a generator whose rows are
+        independent passes; one that mixes rows, or whose ``q`` depends on the batch, does not.
+        """
+        seen: dict[tuple, torch.Tensor] = {}
+        length = self.prompt_ids.shape[1]
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(seed)
+            try:
+                batched = [self.draft(rows)]
+            except (GeneratorFailure, NotApplicable) as exc:
+                return f"a call on {rows} rows failed ({exc})"
+            calls_made = batched + [self.draft(1) for _ in range(calls)]
+        for candidate_ids, candidate_logits in calls_made:
+            for r in range(candidate_ids.shape[0]):
+                drafts = candidate_ids[r, length:].tolist()
+                for j in range(len(drafts)):
+                    key = (j, tuple(drafts[:j]))
+                    row = candidate_logits[r, j].float()
+                    if key in seen and not torch.allclose(seen[key], row, rtol=1e-5, atol=1e-5):
+                        return f"rows of one call return different q for the same drafts (position {j + 1})"
+                    seen.setdefault(key, row)
+        return None
+
+    # -- the target ----------------------------------------------------------------------------
+
+    def target_logits(self, candidate_ids: torch.Tensor) -> torch.Tensor:
+        """The verifier's ``new_logits``: the target's logits at every candidate position, each
+        processed by the real processors with the candidate prefix as history, as ``_assisted_decoding``
+        computes them.
+
+        They are a deterministic function of the candidate sequence (fixed tables, deterministic
+        processors), and a small vocabulary has few distinct sequences: each is computed once per
+        case and process, and the verifier gets a fresh copy every trial.
+        """
+        key = tuple(candidate_ids[0].tolist())
+        cached = self._target_logits.get(key)
+        if cached is None:
+            cached = self._target_logits[key] = self.processed_target_logits(candidate_ids)
+        return cached.clone()
+
+    def processed_target_logits(self, candidate_ids: torch.Tensor) -> torch.Tensor:
+        """:meth:`target_logits` computed afresh: the target's forward pass, then the processors."""
+        length, gamma = self.prompt_ids.shape[1], candidate_ids.shape[1] - self.prompt_ids.shape[1]
+        logits = self.target(candidate_ids).logits[:, -gamma - 1 :].to(torch.float32)
+        for i in range(gamma + 1):
+            logits[:, i, :] = self.processors(candidate_ids[:, : length + i], logits[:, i, :])
+        return logits
+
+    # -- trials --------------------------------------------------------------------------------
+
+    def collect(self, samples: int, seed: int, batch1: int | None = None) -> Observations:
+        """``samples`` trials: ``batch1`` of them at batch 1 (all of them when the case does not
+        batch; by default the case's share), then the rest as rows of batched calls."""
+        torch.manual_seed(seed)
+        batch_size = self.batching[0]
+        if batch_size <= 1:
+            batch1 = samples
+        elif batch1 is None:
+            batch1 = min(samples, max(1, round(samples * BATCH1_SHARE)))
+        width = self.positions
+        emitted = np.full((samples, width), -1, dtype=np.int64)
+        n_matches = np.zeros(samples, dtype=np.int64)
+        drafts = np.zeros(samples, dtype=np.int64)
+        impossible = np.zeros(samples, dtype=np.int64)
+        arm = np.zeros(samples, dtype=np.int64)
+        arm[batch1:] = 1
+        length = self.prompt_ids.shape[1]
+        started = time.perf_counter()
+        t = 0
+        with torch.no_grad():
+            while t < samples:
+                rows = 1 if t < batch1 else min(batch_size, samples - t)
+                candidate_ids, candidate_logits = self.draft(rows)
+                gamma = candidate_ids.shape[1] - length
+                if gamma + 1 > emitted.shape[1]:
+                    emitted = _widen(emitted, gamma + 1)
+                lengths = self._draft_lengths(candidate_ids[:, length:]) if rows > 1 else [gamma]
+                # As _assisted_decoding: the verifier gets candidate_logits in the dtype returned.
+                q_of_drafts = torch.softmax(candidate_logits, dim=-1).gather(-1, candidate_ids[:, length:, None])[..., 0]
+                zero = (q_of_drafts == 0).numpy()
+                for r in range(rows):
+                    g = lengths[r]
+                    candidates = candidate_ids[r : r + 1, : length + g]
+                    valid_tokens, n = self.verify(candidates, candidate_logits[r : r + 1, :g], g,
+                                                  self.target_logits(candidates))
+                    tokens = valid_tokens[0].numpy()
+                    emitted[t, : len(tokens)] = tokens
+                    n_matches[t], drafts[t], impossible[t] = int(n), g, int(zero[r, :g].sum())
+                    t += 1
+        return Observations(emitted, n_matches, drafts, impossible, arm, time.perf_counter() - started)
+
+    def _draft_lengths(self, drafted: torch.Tensor) -> list[int]:
+        """Each row's draft length in a batched call. A family whose drafts come from the assistant's
+        own ``generate()`` stops a row at EOS when it drafts alone, while ``generate()`` pads a finished
+        row of a batch (with EOS, as the stubs set no pad token): such a row is read up to its first EOS,
+        which is what the call at batch 1 returns (the batch-1 arm and the two-sample test check it)."""
+        gamma = drafted.shape[1]
+        if not self.eos or not _flag(self.case.generator.adapter, "drafts_stop_at_eos"):
+            return [gamma] * drafted.shape[0]
+        is_eos = torch.isin(drafted, torch.tensor(sorted(self.eos)))
+        first = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1) + 1, gamma)
+        return first.tolist()
+
+    # -- analysis ------------------------------------------------------------------------------
+
+    def position_strata(self, obs: Observations, position: int) -> list[Stratum]:
+        """Strata for output position ``position`` (0-based): trials grouped by their exact target law."""
+        if position >= obs.emitted.shape[1]:
+            return []
+        return strata(obs.emitted[obs.emitted[:, position] >= 0], position, self.laws.target,
+                      self.case.scenario.vocab_size)
+
+    def residual_strata(self, obs: Observations, position: int) -> list[Stratum]:
+        """Trials whose draft ``position + 1`` was rejected (not missing: a draft that stopped early
+        ends in a token sampled from ``p``), against ``normalize(max(p - q, 0))``.
+
+        ``q`` is the processed drafter table, the law a correct drafter samples from.
+        """
+        rejected = obs.emitted[(obs.n_matches == position) & (obs.drafts > position)]
+        return strata(rejected, position, self.laws.residual, self.case.scenario.vocab_size)
+
+    def log_evalues(self, obs: Observations) -> np.ndarray:
+        """The running log e-values of the output laws (:func:`~lossless_check.analysis.log_evalues`)."""
+        return log_evalues(obs.emitted, self.positions_of(obs), self.laws.target)
+
+    def positions_of(self, obs: Observations) -> int:
+        """Output positions tested: the scenario's ``gamma + 1`` (more only if a generator drafts more)."""
+        return max(self.positions, obs.emitted.shape[1])
+
+    def analyse(self, obs: Observations, alpha: float) -> CaseResult:
+        """Statistics of one case at ``alpha`` (its share of the family rate, less what a sequential
+        run gives the anytime test)."""
+        case = self.case
+        result = case.result(samples=len(obs.n_matches), seconds=obs.seconds)
+        result.samples_per_second = result.samples / obs.seconds if obs.seconds > 0 else None
+        positions = self.positions_of(obs)
+        size, note = self.batching
+        both_arms = size > 1 and 0 < int(obs.arm.sum()) < len(obs.arm)
+        alpha_laws = alpha * (1 - TWO_SAMPLE_SHARE) if both_arms else alpha
+        result.batch = {"batch_size": size, "note": note, "batch1_trials": int((obs.arm == 0).sum()),
+                        "batched_trials": int(obs.arm.sum())}
+        violations = position_tests(result, [self.position_strata(obs, j) for j in range(positions)], alpha_laws)
+        if both_arms:
+            arms_test(result, obs.emitted, obs.arm, positions, self.laws.target, case.scenario.vocab_size,
+                      alpha * TWO_SAMPLE_SHARE)
+            result.p_value = min(1.0, min(result.p_value / (1 - TWO_SAMPLE_SHARE),
+                                          result.batch["two_sample_p_value"] / TWO_SAMPLE_SHARE))
+        result.alpha_case = alpha
+        if obs.impossible_drafts:
+            result.failed_checks.append("impossible_draft")
+        result.exact_failure = bool(violations or obs.impossible_drafts)
+        self._diagnose(result, obs, alpha_laws / positions)
+        return result
+
+    def _diagnose(self, result: CaseResult, obs: Observations, alpha_position: float) -> None:
+        """The acceptance law and the rejection residuals: diagnostics that explain a failure."""
+        gamma = self.positions - 1
+        diagnostics: list[str] = []
+        for j in range(min(gamma, obs.gamma)):
+            residual = law_test(self.residual_strata(obs, j), alpha_position, POWER)
+            entry = result.positions[j]
+            entry["residual_samples"], entry["residual_tv"] = residual.n, residual.statistic
+            entry["residual_p_value"] = residual.pvalue
+            if residual.n and residual.rejects(alpha_position):
+                diagnostics.append(f"residual@{j + 1}")
+        result.acceptance_rate = float(obs.n_matches.sum() / max(obs.drafts.sum(), 1))
+        width = obs.gamma + 1
+        result.acceptance_law = (np.bincount(obs.n_matches, minlength=width) / len(obs.n_matches)).tolist()
+        # The theory is for drafts of one length; a drafter that stops early (at EOS) has no such law.
+        law = self.laws.acceptance_law(obs.gamma) if obs.drafts.min() == obs.gamma else None
+        if law is not None:
+            result.expected_acceptance_rate = law.mean_acceptance_rate
+            result.expected_acceptance_law = law.probabilities.tolist()
+            counts = np.bincount(obs.n_matches, minlength=width)
+            alpha = alpha_position * self.positions
+            acceptance = law_test([Stratum(counts, law.probabilities)], alpha, POWER)
+            result.acceptance_p_value = acceptance.pvalue
+            result.acceptance_statistic = acceptance.statistic
+            if acceptance.rejects(alpha):
+                diagnostics.append("acceptance_law")
+        result.diagnostics = diagnostics
+
+
+#: One StepCase per case and process: stubs, processors and the target-logits cache are built once.
+_STEP_CASES: dict[str, StepCase] = {}
+
+
+def step_case(case: Case, batch_size: int = BATCH_SIZE) -> StepCase:
+    key = f"{case.key}|{batch_size}"
+    if key not in _STEP_CASES:
+        _STEP_CASES.clear()  # keep only the case being worked on
+        _STEP_CASES[key] = StepCase(case, batch_size)
+    return _STEP_CASES[key]
+
+
+def skip_reason(case: Case) -> str | None:
+    """Why a case cannot run on this install (``None`` if it can)."""
+    if case.generator.generator_class is None:
+        return f"{case.generator.adapter.name} is not in the installed transformers"
+    if case.scenario.drafter.kind not in case.generator.adapter.drafter_kinds:
+        return f"a {case.scenario.drafter.kind} drafter table cannot drive {case.generator.adapter.name}"
+    return None
+
+
+def run_step_case(case: Case, samples: int, seed: int, alpha_case: float, sequential: bool = True,
+                  timeout: float = 600.0, batch_size: int = BATCH_SIZE) -> CaseResult:
+    """Run and analyse one step-mode case (no family-wise decision).
+
+    Fixed (``sequential=False``): the law tests at ``alpha_case`` after ``samples`` trials.
+    Sequential: :func:`~lossless_check.analysis.stop_sequentially` after each look.
+    """
+    reason = skip_reason(case)
+    if reason is not None:
+        return case.result(verdict="skipped", reason=reason)
+
+    def run() -> CaseResult:
+        step = step_case(case, batch_size)
+        batch1 = batch1_trials_per_chunk(samples)
+
+        def collect(chunk: int, size: int, seed_: int) -> Observations:
+            return step.collect(size, seed_, batch1[chunk])
+
+        def analyse(parts: list[Observations], final: bool) -> CaseResult | None:
+            obs = Observations.concatenate(parts)
+            if not sequential:
+                return step.analyse(obs, alpha_case)
+            log_e = step.log_evalues(obs)
+            exact = bool(obs.impossible_drafts) or _support_failure(step, obs)
+            return stop_sequentially(lambda trials, alpha: step.analyse(obs if trials is None else obs.head(trials),
+                                                                        alpha),
+                                     log_e, alpha_case, final, exact)
+
+        return run_in_chunks(case, samples, seed, sequential, timeout, collect, analyse)
+
+    return guarded(case, run)
+
+
+def _support_failure(step: StepCase, obs: Observations) -> bool:
+    """A token the target gives probability 0, at any position (an exact failure)."""
+    for j in range(step.positions_of(obs)):
+        if any(int(s.counts[s.expected <= 0].sum()) for s in step.position_strata(obs, j)):
+            return True
+    return False
