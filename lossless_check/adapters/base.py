@@ -51,13 +51,15 @@ class GeneratorAdapter:
     #: installed release: ``tests/test_batching.py``). False: call ``draft`` with one row only. A
     #: subclass of a built-in generator inherits its family's flag; factories are False.
     batchable: bool = False
-    #: Whether a draft may end early at an EOS token (the drafts come from the assistant's own
-    #: ``generate()``). A batch-1 call then returns the draft up to and including its first EOS; in a
-    #: batch of rows, a row that drew EOS is padded (pad = EOS) to the longest row, its later logits
-    #: rows computed from the padding. Cut after its first EOS draft token, such a row equals (same
-    #: tokens, same logits rows) what a batch-1 call drafting the same tokens returns: verified for
-    #: the built-in families on the installed release (``tests/test_batching.py``). Block drafters
-    #: (DFlash, MTP, SinglePosition) always draft their full block: False.
+    #: Whether a draft may end early at an EOS token: the drafts come from the assistant's own
+    #: ``generate()`` (Assisted, EarlyExit, Universal, DifferentTokenizers). A batch-1 call then
+    #: returns the draft up to and including its first EOS; in a batch, ``generate()`` pads a row
+    #: that drew EOS (pad = EOS: the stubs set no pad token) to the longest row, its later logits rows
+    #: computed from the padding. Cut after its first EOS draft token, such a row is exactly (same
+    #: tokens, bitwise the same logits rows, drawn from the same law) what a batch-1 call drafting the
+    #: same tokens returns: verified for the batchable families on every 5.x release
+    #: (``tests/test_batching.py``). Block drafters draft their whole block (False), except on the
+    #: releases whose DFlash, MTP (5.16-5.17) or SinglePosition (up to 5.17) stop at EOS.
     drafts_stop_at_eos: bool = False
 
     def installed_class(self) -> type | None:
