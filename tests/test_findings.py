@@ -1,0 +1,115 @@
+"""The standalone reproductions in ``findings/`` run without lossless_check and give their verdicts.
+
+Each script is run in a subprocess where ``import lossless_check`` (and scipy) fails, from a
+directory outside the repository: it must build its models inline and decide with its own
+statistics. The expected exit code of each bug run depends on the installed transformers release,
+through ``AFFECTED`` (the releases whose source has the bug; see each finding's README.md). The
+controls (the same run with the bug's cause removed) must exit 0 on every release.
+
+The effects are large (TV 0.2-0.6), so a few hundred ``generate()`` calls decide at the scripts'
+alpha of 1e-6. The Universal bug's size depends on the hash-map order of ``get_vocab()``, which
+changes from process to process: over random orders its first-token TV is at least 0.19
+(``findings/universal_permuted_q/order_sensitivity.py``), which 800 calls detect. A lossless
+control exits 0 with probability at least 1 - 1e-6 at any sample size. Each run takes 5-20 s.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import transformers
+from packaging.version import Version
+
+FINDINGS = Path(__file__).resolve().parents[1] / "findings"
+
+#: finding -> (first affected release, first fixed release or None: still present in the newest
+#: release checked, 5.24.0). From the releases' sources, and from running the scripts on 4.51.3,
+#: 4.52.1, 5.0.0, 5.7.0, 5.8.0 and 5.24.0 (findings/*/README.md).
+AFFECTED = {
+    "universal_permuted_q": ("4.52.1", None),  # 4.52.1 pruned the assistant's LM head
+    "single_position_greedy_q": ("5.8.0", None),  # the generator appeared in 5.8.0
+}
+
+#: What a script may import: the standard library modules below, torch, transformers and
+#: tokenizers (a dependency of transformers).
+ALLOWED_IMPORTS = {"argparse", "math", "sys", "time", "torch", "transformers", "tokenizers"}
+
+INSTALLED = Version(transformers.__version__).release[:3]
+
+
+def affected(finding: str) -> bool:
+    first, fixed = AFFECTED[finding]
+    return Version(first).release <= INSTALLED and (fixed is None or INSTALLED < Version(fixed).release)
+
+
+def run_repro(finding: str, *args: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    script = FINDINGS / finding / "repro.py"
+    code = (
+        "import sys, runpy; "
+        "sys.modules['lossless_check'] = None; sys.modules['scipy'] = None; "
+        f"sys.argv = {[str(script), *args]!r}; "
+        f"runpy.run_path({str(script)!r}, run_name='__main__')"
+    )
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("PYTHONPATH", None)
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def check_exit(proc: subprocess.CompletedProcess, expected: int) -> None:
+    assert proc.returncode == expected, (
+        f"exit {proc.returncode}, expected {expected} on transformers {transformers.__version__}\n"
+        f"--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr[-3000:]}"
+    )
+    assert "verdict" in proc.stdout or "nothing to reproduce" in proc.stdout, proc.stdout
+
+
+@pytest.mark.slow
+def test_universal_permuted_q_reproduces(tmp_path):
+    proc = run_repro("universal_permuted_q", "--samples", "800", tmp_path=tmp_path)
+    check_exit(proc, 1 if affected("universal_permuted_q") else 0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("control", ["--id-ordered-vocab", "--fixed"])
+def test_universal_permuted_q_controls_are_lossless(tmp_path, control):
+    """The assistant's get_vocab() in id order, or the proposed fix applied: lossless."""
+    proc = run_repro("universal_permuted_q", "--samples", "500", control, tmp_path=tmp_path)
+    check_exit(proc, 0)
+
+
+@pytest.mark.slow
+def test_single_position_greedy_q_reproduces(tmp_path):
+    proc = run_repro("single_position_greedy_q", "--samples", "600", tmp_path=tmp_path)
+    check_exit(proc, 1 if affected("single_position_greedy_q") else 0)
+
+
+@pytest.mark.slow
+def test_single_position_greedy_q_one_hot_q_is_lossless(tmp_path):
+    proc = run_repro("single_position_greedy_q", "--samples", "500", "--one-hot-q", tmp_path=tmp_path)
+    check_exit(proc, 0)
+
+
+@pytest.mark.parametrize("finding", sorted(AFFECTED))
+def test_repro_imports_only_torch_and_transformers(finding):
+    tree = ast.parse((FINDINGS / finding / "repro.py").read_text())
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported.add((node.module or "").split(".")[0])
+    assert imported <= ALLOWED_IMPORTS, imported - ALLOWED_IMPORTS
+
+
+def test_findings_index_lists_every_reproduction():
+    index = (FINDINGS / "README.md").read_text()
+    for finding in AFFECTED:
+        assert (FINDINGS / finding / "README.md").is_file()
+        assert f"{finding}/" in index
