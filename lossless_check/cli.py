@@ -42,9 +42,9 @@ def _common(parser: argparse.ArgumentParser, samples_help: str) -> None:
                         help="fixed-sample tests only: every case runs all --samples trials (default: sequential, "
                              "a case stops at the first trial its anytime e-value rejects)")
     parser.add_argument("--sequential", action="store_true", help=argparse.SUPPRESS)  # the default; kept for old scripts
-    parser.add_argument("--batch-size", type=positive_int, default=256, metavar="B",
+    parser.add_argument("--batch-size", type=positive_int, default=None, metavar="B",
                         help="rows per real get_candidates call in step mode's batched arm; 1 runs every trial "
-                             "at batch 1 (default 256)")
+                             "at batch 1 (default 512)")
     parser.add_argument("--quiet", action="store_true", help="no progress")
 
 

@@ -59,3 +59,40 @@ def test_detect_tv_sizes_the_run(tmp_path):
     assert code == 0
     case = json.loads(out.read_text())["cases"][0]
     assert case["tv_detectable"] <= 0.4 and case["samples"] < 1000
+
+
+def test_a_generator_error_exits_1_and_a_harness_bug_exits_3(tmp_path, monkeypatch, capsys):
+    """A generator that raises is a finding about the generator (exit 1, verdict error, the run goes on);
+    exit 3 is for the harness's own bugs, with the traceback."""
+    (tmp_path / "raising_factory.py").write_text(
+        "def make(ctx):\n    raise ValueError('the user factory is broken')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "out.json"
+    code = main(["run", "--generator", "raising_factory:make", "--warpers", "none", "--samples", "200",
+                 "--json", str(out), "--quiet"])
+    assert code == 1
+    case = json.loads(out.read_text())["cases"][0]
+    assert case["verdict"] == "error" and "the user factory is broken" in case["reason"]
+
+    import lossless_check.api as api
+
+    def harness_bug(*args, **kwargs):
+        raise RuntimeError("a bug in lossless-check itself")
+
+    monkeypatch.setattr(api, "run_cases", harness_bug)
+    assert main(["run", "--generator", "DFlashTokenCandidateGenerator", "--warpers", "none", "--quiet"]) == 3
+    assert "internal error: RuntimeError: a bug in lossless-check itself" in capsys.readouterr().err
+
+
+def test_bad_usage_is_reported_before_torch_is_imported():
+    """Unknown generators, malformed warpers and scenarios fail before the heavy imports (under a second)."""
+    import subprocess
+    import sys
+
+    for argv in (["--generator", "NoSuchGenerator"], ["--warpers", "top_k=banana"], ["--warpers", "top_p=2"],
+                 ["--scenario", "nope"]):
+        code = ("import sys; from lossless_check.cli import main; rc = main(['run', *sys.argv[1:]]); "
+                "assert 'torch' not in sys.modules and 'transformers' not in sys.modules; sys.exit(rc)")
+        done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True)
+        assert done.returncode == 2, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1

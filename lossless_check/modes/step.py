@@ -39,10 +39,10 @@ from ..warpers import capture_processors
 #: ``max_new_tokens`` of the generation config in step mode: far enough that no candidate is cut.
 STEP_MAX_NEW_TOKENS = 64
 #: Rows per real ``get_candidates`` call in the batched arm.
-BATCH_SIZE = 256
+BATCH_SIZE = 512
 #: The batch-1 arm: this share of a case's trials, and at least this many.
-BATCH1_SHARE = 1 / 16
-MIN_BATCH1_TRIALS = 250
+BATCH1_SHARE = 1 / 25
+MIN_BATCH1_TRIALS = 200
 
 
 @dataclass
