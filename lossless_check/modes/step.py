@@ -9,9 +9,9 @@ generator; the target's logits for every candidate position, processed by the re
 ``get_candidates`` call (``adapter.batchable``), most trials of a chunk come from one call on
 :data:`BATCH_SIZE` identical prompt rows, and each row then goes alone through the verifier. Since
 the real loop only ever calls a generator with one row, every case also keeps a *batch-1 arm* (a
-fixed share of its trials, at least :data:`MIN_BATCH1_TRIALS`) tested like the rest, and a
+fixed share of its trials, :mod:`.batching`) tested like the rest, and a
 two-sample test between the arms is part of the verdict (:func:`~lossless_check.analysis.arms_test`).
-A user's own generator is batched only when :meth:`StepCase.rows_consistent` finds each row's
+A user's own generator is batched only when :func:`.batching.rows_consistent` finds each row's
 ``q`` to be a function of that row's drafts alone, as at batch 1; otherwise, and for families that
 cannot batch, every trial is a batch-1 call and the report says why.
 """
@@ -19,7 +19,6 @@ cannot batch, every trial is a batch-1 call and the report says why.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -28,81 +27,18 @@ from ..adapters import DraftContext
 from ..analysis import (TWO_SAMPLE_SHARE, arms_test, log_evalues, position_tests, stop_sequentially, strata)
 from ..candidates import check_candidates
 from ..compat import speculative_sampling
-from ..engine import chunk_sizes, guarded, run_in_chunks
+from ..engine import guarded, run_in_chunks
 from ..errors import GeneratorFailure, NotApplicable
 from ..expected import ExactLaws
 from ..results import POWER, Case, CaseResult, one_line
 from ..stats import Stratum, law_test
 from ..stubs import fixed_logits_lm
 from ..warpers import capture_processors
+from .batching import BATCH_SIZE, batch1_trials_per_chunk, decide_batching, draft_lengths, family_flag
+from .observations import Observations, widen
 
 #: ``max_new_tokens`` of the generation config in step mode: far enough that no candidate is cut.
 STEP_MAX_NEW_TOKENS = 64
-#: Rows per real ``get_candidates`` call in the batched arm.
-BATCH_SIZE = 512
-#: The batch-1 arm: this share of a case's trials, and at least this many.
-BATCH1_SHARE = 1 / 25
-MIN_BATCH1_TRIALS = 200
-
-
-@dataclass
-class Observations:
-    """What step-mode trials emitted. ``emitted[t, j]`` is -1 past the end of trial ``t``;
-    ``drafts[t]`` is its draft length (a drafter may stop early, at EOS); ``impossible[t]`` counts
-    its drafts that their returned q gives probability 0; ``arm[t]`` is 0 for a batch-1 trial and 1
-    for a row of a batched call."""
-
-    emitted: np.ndarray
-    n_matches: np.ndarray
-    drafts: np.ndarray
-    impossible: np.ndarray
-    arm: np.ndarray
-    seconds: float
-
-    @property
-    def gamma(self) -> int:
-        """The longest draft."""
-        return self.emitted.shape[1] - 1
-
-    @property
-    def impossible_drafts(self) -> int:
-        return int(self.impossible.sum())
-
-    @classmethod
-    def concatenate(cls, parts: list["Observations"]) -> "Observations":
-        width = max(p.emitted.shape[1] for p in parts)
-        return cls(
-            np.concatenate([_widen(p.emitted, width) for p in parts]),
-            np.concatenate([p.n_matches for p in parts]),
-            np.concatenate([p.drafts for p in parts]),
-            np.concatenate([p.impossible for p in parts]),
-            np.concatenate([p.arm for p in parts]),
-            sum(p.seconds for p in parts),
-        )
-
-    def head(self, trials: int) -> "Observations":
-        """The first ``trials`` trials (the seconds scaled to them)."""
-        return Observations(self.emitted[:trials], self.n_matches[:trials], self.drafts[:trials],
-                            self.impossible[:trials], self.arm[:trials], self.seconds * trials / len(self.n_matches))
-
-
-def _widen(emitted: np.ndarray, width: int) -> np.ndarray:
-    """``emitted`` padded with -1 (nothing emitted) to ``width`` columns."""
-    return np.pad(emitted, ((0, 0), (0, width - emitted.shape[1])), constant_values=-1)
-
-
-def batch1_trials_per_chunk(samples: int) -> list[int]:
-    """Batch-1 trials in each chunk: :data:`BATCH1_SHARE` of the case (at least
-    :data:`MIN_BATCH1_TRIALS`), spread over the chunks in proportion to their sizes."""
-    total = min(samples, max(MIN_BATCH1_TRIALS, round(samples * BATCH1_SHARE)))
-    cumulative = np.cumsum(chunk_sizes(samples))
-    upto = [round(total * c / samples) for c in cumulative]
-    return [b - a for a, b in zip([0] + upto[:-1], upto)]
-
-
-def _flag(adapter, name: str) -> bool:
-    value = getattr(adapter, name, False)
-    return bool(value() if callable(value) else value)
 
 
 class StepCase:
@@ -122,6 +58,7 @@ class StepCase:
         self.requested_batch_size = batch_size
         eos = self.generation_config.eos_token_id
         self.eos = frozenset([] if eos is None else [eos] if isinstance(eos, int) else eos)
+        self.stops_at_eos = family_flag(case.generator.adapter, "drafts_stop_at_eos")
         self._session = None
         self._batching: tuple[int, str] | None = None
         self._target_logits: dict[tuple[int, ...], torch.Tensor] = {}
@@ -169,51 +106,9 @@ class StepCase:
     def batching(self) -> tuple[int, str]:
         """``(rows per call in the batched arm, why)``; 1 when the case runs at batch 1 only."""
         if self._batching is None:
-            self._batching = self._decide_batching()
+            self._batching = decide_batching(self.case.generator, self.requested_batch_size, self.draft,
+                                             self.prompt_ids.shape[1])
         return self._batching
-
-    def _decide_batching(self) -> tuple[int, str]:
-        generator = self.case.generator
-        adapter = generator.adapter
-        factory = adapter.name == "factory"
-        if self.requested_batch_size <= 1:
-            return 1, "batch 1 as requested"
-        if not factory and not _flag(adapter, "batchable"):
-            return 1, f"batch 1: {adapter.name} cannot draft several rows in one call on this release"
-        if factory or generator.generator_class is not adapter.installed_class():
-            # A user's own generator: batched only if its rows behave as batch-1 calls do.
-            inconsistent = self.rows_consistent()
-            if inconsistent is not None:
-                return 1, f"batch 1: {inconsistent}"
-            return self.requested_batch_size, "batched: rows checked consistent with batch 1"
-        return self.requested_batch_size, f"batched: {adapter.name} drafts independent rows"
-
-    def rows_consistent(self, calls: int = 8, rows: int = 16, seed: int = 0) -> str | None:
-        """``None`` when every row's returned ``q`` at draft position ``j`` is a function of that
-        row's first ``j`` drafts alone, the same in a batched call and at batch 1; else why not.
-
-        The stubs are deterministic given the drafted prefix, so a generator whose rows are
-        independent passes; one that mixes rows, or whose ``q`` depends on the batch, does not.
-        """
-        seen: dict[tuple, torch.Tensor] = {}
-        length = self.prompt_ids.shape[1]
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
-            torch.manual_seed(seed)
-            try:
-                batched = [self.draft(rows)]
-            except (GeneratorFailure, NotApplicable) as exc:
-                return f"a call on {rows} rows failed ({exc})"
-            calls_made = batched + [self.draft(1) for _ in range(calls)]
-        for candidate_ids, candidate_logits in calls_made:
-            for r in range(candidate_ids.shape[0]):
-                drafts = candidate_ids[r, length:].tolist()
-                for j in range(len(drafts)):
-                    key = (j, tuple(drafts[:j]))
-                    row = candidate_logits[r, j].float()
-                    if key in seen and not torch.allclose(seen[key], row, rtol=1e-5, atol=1e-5):
-                        return f"rows of one call return different q for the same drafts (position {j + 1})"
-                    seen.setdefault(key, row)
-        return None
 
     # -- the target ----------------------------------------------------------------------------
 
@@ -244,13 +139,14 @@ class StepCase:
 
     def collect(self, samples: int, seed: int, batch1: int | None = None) -> Observations:
         """``samples`` trials: ``batch1`` of them at batch 1 (all of them when the case does not
-        batch; by default the case's share), then the rest as rows of batched calls."""
+        batch; by default the share of a case of ``samples`` trials), then the rest as rows of
+        batched calls."""
         torch.manual_seed(seed)
         batch_size = self.batching[0]
         if batch_size <= 1:
             batch1 = samples
         elif batch1 is None:
-            batch1 = min(samples, max(1, round(samples * BATCH1_SHARE)))
+            batch1 = sum(batch1_trials_per_chunk(samples))  # as for a case of ``samples`` trials
         width = self.positions
         emitted = np.full((samples, width), -1, dtype=np.int64)
         n_matches = np.zeros(samples, dtype=np.int64)
@@ -267,8 +163,9 @@ class StepCase:
                 candidate_ids, candidate_logits = self.draft(rows)
                 gamma = candidate_ids.shape[1] - length
                 if gamma + 1 > emitted.shape[1]:
-                    emitted = _widen(emitted, gamma + 1)
-                lengths = self._draft_lengths(candidate_ids[:, length:]) if rows > 1 else [gamma]
+                    emitted = widen(emitted, gamma + 1)
+                lengths = (draft_lengths(candidate_ids[:, length:], self.eos, self.stops_at_eos) if rows > 1
+                           else [gamma])
                 # As _assisted_decoding: the verifier gets candidate_logits in the dtype returned.
                 q_of_drafts = torch.softmax(candidate_logits, dim=-1).gather(-1, candidate_ids[:, length:, None])[..., 0]
                 zero = (q_of_drafts == 0).numpy()
@@ -282,18 +179,6 @@ class StepCase:
                     n_matches[t], drafts[t], impossible[t] = int(n), g, int(zero[r, :g].sum())
                     t += 1
         return Observations(emitted, n_matches, drafts, impossible, arm, time.perf_counter() - started)
-
-    def _draft_lengths(self, drafted: torch.Tensor) -> list[int]:
-        """Each row's draft length in a batched call. A family whose drafts come from the assistant's
-        own ``generate()`` stops a row at EOS when it drafts alone, while ``generate()`` pads a finished
-        row of a batch (with EOS, as the stubs set no pad token): such a row is read up to its first EOS,
-        which is what the call at batch 1 returns (the batch-1 arm and the two-sample test check it)."""
-        gamma = drafted.shape[1]
-        if not self.eos or not _flag(self.case.generator.adapter, "drafts_stop_at_eos"):
-            return [gamma] * drafted.shape[0]
-        is_eos = torch.isin(drafted, torch.tensor(sorted(self.eos)))
-        first = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1) + 1, gamma)
-        return first.tolist()
 
     # -- analysis ------------------------------------------------------------------------------
 
