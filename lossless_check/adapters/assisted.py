@@ -36,7 +36,7 @@ class AssistedAdapter(GeneratorAdapter):
             # is its first drafting round (the assistant prefills the prompt, no cache yet). Only the
             # assistant model is shared: it holds no state between calls (its cache lives in the
             # generator). Reusing one generator with the same prompt again and again is a sequence
-            # of calls _assisted_decoding never makes (5.10-5.18 raise on the third).
+            # of calls _assisted_decoding never makes.
             generator = ctx.generator_class(
                 input_ids=input_ids,
                 assistant_model=assistant,
