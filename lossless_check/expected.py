@@ -1,8 +1,13 @@
 """Exact laws: what plain sampling with the same config emits, and the acceptance law of a round.
 
-Everything here is float64 and goes through the installed ``LogitsProcessorList`` (captured from
-``generate()``), applied to the fixed logits of the scenario: the reference for "lossless" is always
-plain sampling with the same generation config.
+The laws are computed the way the real path computes them: the fixed logits of the scenario as the
+stub models emit them (float32), through the installed ``LogitsProcessorList`` (captured from
+``generate()``) in float32, softmax in float32 (as ``_sample`` and ``_speculative_sampling`` do),
+and only then converted to float64 and renormalised for the statistics. So a token is impossible
+here exactly when it is impossible for the real sampler: a warper's cutoff decided in float64 could
+remove a token that float32 keeps (``EpsilonLogitsWarper(0.06)`` on a token at the cutoff), and
+a support violation is an exact failure. The reference for "lossless" is always plain sampling with
+the same generation config.
 """
 
 from __future__ import annotations
@@ -20,6 +25,22 @@ from .tables import FixedLogits
 MAX_ENUMERATED_PREFIXES = 50_000
 
 
+#: The dtype of the real path: the stubs' logits, the processors, the sampler's and verifier's softmax.
+REAL_PATH_DTYPE = torch.float32
+
+
+def law_as_sampled(logits: torch.Tensor) -> np.ndarray:
+    """The law ``torch.multinomial(softmax(logits))`` samples from, for processed logits of the real dtype.
+
+    Softmax in the logits' own dtype (float32 on the real path), then float64 and renormalised so the
+    statistics see probabilities that sum to 1; a probability is 0 here iff it is 0 in that dtype.
+    """
+    probs = torch.softmax(logits, dim=-1).to(torch.float64).numpy()
+    probs = probs / probs.sum()
+    probs.setflags(write=False)
+    return probs
+
+
 class ExactLaws:
     """Exact next-token laws of the processed target and drafter after ``prompt + prefix``."""
 
@@ -31,12 +52,10 @@ class ExactLaws:
 
     def _law(self, table: FixedLogits, prefix: tuple[int, ...]) -> np.ndarray:
         history = self.scenario.prompt + prefix
-        logits = torch.tensor(table.logits(len(prefix), history[-1]), dtype=torch.float64)[None, :]
+        logits = torch.tensor(table.logits(len(prefix), history[-1]), dtype=REAL_PATH_DTYPE)[None, :]
         if self.processors is not None and len(self.processors) > 0:
             logits = self.processors(torch.tensor([history], dtype=torch.long), logits)
-        probs = torch.softmax(logits.to(torch.float64), dim=-1)[0].numpy()
-        probs.setflags(write=False)
-        return probs
+        return law_as_sampled(logits[0])
 
     def target(self, prefix: tuple[int, ...] = ()) -> np.ndarray:
         """Law of the next token after ``prompt + prefix`` under plain sampling (processed target)."""
