@@ -186,6 +186,11 @@ def main(argv: list[str] | None = None) -> int:
             from .listing import print_listing
 
             return print_listing()
+        from transformers.utils import logging as hf_logging
+
+        # What transformers still logs comes from its own generators calling generate() (a config plus
+        # kwargs, a processor passed twice), not from anything the user passed: not for the user.
+        hf_logging.set_verbosity_error()
         if args.command == "gate":
             return _gate(args)
         if args.command == "mutants":

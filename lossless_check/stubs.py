@@ -20,6 +20,24 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from .tables import FixedLogits
 
 
+def _cache_name(output_class) -> str:
+    """The field an output class holds its cache in: ``cache`` from 5.24 on, ``past_key_values``
+    before (the old name still works on 5.24 but logs a deprecation warning)."""
+    import dataclasses
+
+    return "cache" if "cache" in {f.name for f in dataclasses.fields(output_class)} else "past_key_values"
+
+
+def cache_output(output_class, cache) -> dict:
+    """``{field: cache}`` under the name ``output_class`` gives its cache."""
+    return {_cache_name(output_class): cache}
+
+
+def output_cache(output):
+    """The cache an output holds, under its class's name for it."""
+    return getattr(output, _cache_name(type(output)))
+
+
 class FixedLogitsConfig(PretrainedConfig):
     model_type = "lossless_check_fixed_logits"
 
@@ -139,7 +157,8 @@ class FixedLogitsLM(PreTrainedModel, GenerationMixin):
         if output_hidden_states:
             hidden_states = (hidden, hidden)
         return CausalLMOutputWithPast(
-            logits=logits, past_key_values=past_key_values if use_cache is not False else None, hidden_states=hidden_states
+            logits=logits, hidden_states=hidden_states,
+            **cache_output(CausalLMOutputWithPast, past_key_values if use_cache is not False else None),
         )
 
 

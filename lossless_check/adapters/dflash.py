@@ -12,7 +12,7 @@ import torch
 
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
-from ..stubs import FixedLogitsConfig, TableDrafterStub
+from ..stubs import FixedLogitsConfig, TableDrafterStub, cache_output
 from .base import (DraftContext, FunctionSession, GeneratorAdapter, Prefills, first_round_after_prefill,
                    installed_release)
 
@@ -42,7 +42,7 @@ class FixedLogitsDFlashDrafter(TableDrafterStub):
         # One row per sequence, also where positions come as one row shared by the batch.
         if rows.shape[0] != batch:
             rows = rows.expand(batch, -1, -1).clone()  # the generator writes into the logits it projects
-        return BaseModelOutputWithPast(last_hidden_state=rows, past_key_values=past_key_values)
+        return BaseModelOutputWithPast(last_hidden_state=rows, **cache_output(BaseModelOutputWithPast, past_key_values))
 
 
 def dflash_drafter_for(ctx: DraftContext) -> FixedLogitsDFlashDrafter:

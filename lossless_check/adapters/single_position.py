@@ -20,7 +20,9 @@ from dataclasses import dataclass
 import torch
 from transformers.utils import ModelOutput
 
-from ..stubs import FixedLogitsLM, TableDrafterStub, fixed_logits_lm
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from ..stubs import FixedLogitsLM, TableDrafterStub, cache_output, fixed_logits_lm, output_cache
 from .base import DraftContext, FunctionSession, GeneratorAdapter, Prefills, first_round_after_prefill, installed_release
 
 
@@ -33,12 +35,9 @@ class AssistantOutput(ModelOutput):
 
 
 @dataclass
-class SharedKVOutput(ModelOutput):
+class SharedKVOutput(CausalLMOutputWithPast):
     """Target outputs with the ``shared_kv_states`` a Gemma 4 target returns for its assistant."""
 
-    logits: torch.Tensor | None = None
-    past_key_values: object = None
-    hidden_states: tuple | None = None
     shared_kv_states: dict | None = None
 
 
@@ -79,11 +78,13 @@ class FixedLogitsGemma4TargetStub(FixedLogitsLM):
         shared = None
         if return_shared_kv_states:
             states = input_ids.to(torch.float32)[:, None, :, None]
-            if out.past_key_values is not None:
-                layer = out.past_key_values.layers[0]
+            cache = output_cache(out)
+            if cache is not None:
+                layer = cache.layers[0]
                 states = layer.keys
             shared = {"full_attention": (states, states)}
-        return SharedKVOutput(out.logits, out.past_key_values, out.hidden_states, shared)
+        return SharedKVOutput(logits=out.logits, hidden_states=out.hidden_states, shared_kv_states=shared,
+                              **cache_output(CausalLMOutputWithPast, output_cache(out)))
 
 
 def assistant_for(ctx: DraftContext) -> FixedLogitsGemma4AssistantStub:

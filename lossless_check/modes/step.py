@@ -260,18 +260,6 @@ class StepCase:
         result.diagnostics = diagnostics
 
 
-#: One StepCase per case and process: stubs, processors and the target-logits cache are built once.
-_STEP_CASES: dict[str, StepCase] = {}
-
-
-def step_case(case: Case, batch_size: int = BATCH_SIZE) -> StepCase:
-    key = f"{case.key}|{batch_size}"
-    if key not in _STEP_CASES:
-        _STEP_CASES.clear()  # keep only the case being worked on
-        _STEP_CASES[key] = StepCase(case, batch_size)
-    return _STEP_CASES[key]
-
-
 def skip_reason(case: Case) -> str | None:
     """Why a case cannot run on this install (``None`` if it can)."""
     if case.generator.generator_class is None:
@@ -293,7 +281,7 @@ def run_step_case(case: Case, samples: int, seed: int, alpha_case: float, sequen
         return case.result(verdict="skipped", reason=reason)
 
     def run() -> CaseResult:
-        step = step_case(case, batch_size)
+        step = StepCase(case, batch_size)  # one case is one task: built once, used at every look
         batch1 = batch1_trials_per_chunk(samples)
 
         def collect(chunk: int, size: int, seed_: int) -> Observations:
