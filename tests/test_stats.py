@@ -9,12 +9,12 @@ from hypothesis import strategies as st
 from scipy import stats as sps
 from scipy.special import gammaln
 
+from lossless_check.stats.l1 import _null_l1
 from lossless_check.stats import (
     L1_BOUNDS,
     L1_BOUNDS_LEGACY,
     LR_SCALES,
     Stratum,
-    _null_l1,
     binomial_mad,
     detectable_tv,
     dirichlet_log_evalue,
