@@ -16,7 +16,7 @@ from scipy.special import logsumexp
 
 from .homogeneity import two_sample_test
 from .results import EXACT_CHECKS, POWER, CaseResult
-from .stats import Stratum, bonferroni_min, law_test, mixture_log_evalues, tv_confidence_interval
+from .stats import Stratum, bonferroni_min, mixture_log_evalues, tv_confidence_interval, verdict_test
 
 #: ``law_of(prefix)`` is the exact law of the next token after ``prompt + prefix`` (``None``: no law).
 LawOf = Callable[[tuple], "np.ndarray | None"]
@@ -60,7 +60,8 @@ def strata(rows: np.ndarray, position: int, law_of: LawOf, vocab: int) -> list[S
 def position_tests(result: CaseResult, strata_by_position: list[list[Stratum]], alpha_case: float) -> int:
     """Test the output law at every position; fill ``result``; return the number of support violations.
 
-    Each position gets ``alpha_case / positions`` and the case's p-value is their Bonferroni
+    Each position gets ``alpha_case / positions`` for :func:`~lossless_check.stats.verdict_test` (the
+    L1 test and the likelihood-ratio test, half each) and the case's p-value is their Bonferroni
     combination. Position 1 gives the case's headline TV, its interval and the chi-square / G
     diagnostics; the first failing position (else position 1), when it is a single stratum, gives the
     empirical and expected laws that reports plot.
@@ -69,7 +70,7 @@ def position_tests(result: CaseResult, strata_by_position: list[list[Stratum]], 
     result.alpha_case = alpha_case
     pvalues, violations, tests = [], 0, []
     for j, position_strata in enumerate(strata_by_position):
-        test = law_test(position_strata, alpha_position, POWER)
+        test = verdict_test(position_strata, alpha_position, POWER)
         tests.append(test)
         violations += test.support_violations
         pvalues.append(test.pvalue)
@@ -81,6 +82,8 @@ def position_tests(result: CaseResult, strata_by_position: list[list[Stratum]], 
             "tv_threshold": test.threshold_tv,
             "tv_detectable": test.tv_detectable,
             "p_value": test.pvalue,
+            "l1_p_value": test.l1_pvalue,
+            "lr_p_value": test.lr_pvalue,
             "chi2_p_value": test.chi2_pvalue,
             "support_violations": test.support_violations,
         })

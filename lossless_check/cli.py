@@ -114,13 +114,13 @@ def samples_to_detect(cases, tv: float, alpha: float, max_new_tokens: int = 4, s
     """
     from .analysis import TWO_SAMPLE_SHARE
     from .results import POWER
-    from .stats import samples_for_tv
+    from .stats import verdict_samples_for_tv
 
     statistical = [c for c in cases if c.mode != "provenance"] or cases
     positions = max(max_new_tokens if c.mode == "generate" else c.scenario.gamma + 1 for c in statistical)
     vocab = max(c.scenario.vocab_size for c in statistical)
     alpha_position = alpha / len(statistical) / positions / (2 if sequential else 1) * (1 - TWO_SAMPLE_SHARE)
-    return samples_for_tv(tv, vocab, alpha_position, POWER)
+    return verdict_samples_for_tv(tv, vocab, alpha_position, POWER)
 
 
 def _run(args) -> int:

@@ -23,7 +23,7 @@ from .api import run_cases
 from .modes.step import STEP_MAX_NEW_TOKENS
 from .results import POWER, Case
 from .scenarios import SCENARIOS
-from .stats import samples_for_tv
+from .stats import verdict_samples_for_tv
 from .stubs import fixed_logits_lm
 from .warpers import capture_processors, format_warpers
 
@@ -214,7 +214,7 @@ def samples_needed(mutant: Mutant, alpha: float) -> int | None:
     """Trials after which the runner is sure, with probability ``POWER``, to catch the mutant.
 
     The smaller of two guarantees: the statistical one (the runner's own worst-case power bound,
-    :func:`lossless_check.stats.samples_for_tv`, at the per-position share of ``alpha``, divided by
+    :func:`lossless_check.stats.verdict_samples_for_tv`, at the per-position share of ``alpha``, divided by
     the probability of reaching ``mutant.position``) and the exact one (some trial drafts a token
     its returned q gives probability 0). ``None`` for an equivalent mutant or one without a model.
     """
@@ -224,7 +224,7 @@ def samples_needed(mutant: Mutant, alpha: float) -> int | None:
     scenario = SCENARIOS[mutant.scenario]
     laws = exact_laws(mutant)
     reached = _reach(laws, mutant.position - 1)
-    per_position = samples_for_tv(tv, scenario.vocab_size, alpha / (scenario.gamma + 1), POWER)
+    per_position = verdict_samples_for_tv(tv, scenario.vocab_size, alpha / (scenario.gamma + 1), POWER)
     statistical = math.ceil(per_position / sum(weight for _, weight in reached))
     impossible = sum(weight * q_sampled[q_returned == 0].sum()
                      for prefix, weight in reached
