@@ -107,7 +107,12 @@ def to_markdown(result: RunResult, doc: dict, title: str) -> str:
     lines = [f"### {mark} lossless-check gate: `{title}` — {_headline(result)}", "", _context(result, doc), ""]
     for c in result.cases:
         if c.verdict in FAILING:
-            lines.append(f"- {_MARK[c.verdict]} **{c.generator}** `{c.warpers}` ({c.mode}): {cell(c.reason)}")
+            where = [check.split("@")[1] for check in c.failed_checks if check.startswith("output_law@")]
+            facts = [f"failing position{'s' if len(where) > 1 else ''} {', '.join(where)}" if where else "",
+                     f"provenance: {c.provenance['verdict']}" if c.provenance else ""]
+            facts = "; ".join(f for f in facts if f)
+            lines.append(f"- {_MARK[c.verdict]} **{c.generator}** `{c.warpers}` ({c.mode}): {cell(c.reason)}"
+                         + (f" ({cell(facts)})" if facts else ""))
     lines += ["", "<details><summary>All cases</summary>", "",
               "| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
     for c in result.cases:
@@ -173,10 +178,12 @@ def _failing_section(index: int, c: CaseResult) -> str:
         parts.append(f"<p>diagnostics (assume the drafter samples the processed drafter table): "
                      f"<code>{e(', '.join(c.diagnostics))}</code></p>")
     if c.expected_law is not None and c.empirical_law is not None:
-        png = _bars(f"output law at position 1 (TV {_fmt(c.tv, '.4f')}, n={c.samples})", "token",
-                    c.expected_law, c.empirical_law)
-        parts.append(_figure(png, f"position-1 distribution of {name}",
-                             "Output law at position 1: expected (target after warpers) vs empirical."))
+        j = c.law_position or 1  # the first failing position (position 1 when none failed on its own)
+        at = next((p for p in c.positions if p["position"] == j), {})
+        png = _bars(f"output law at position {j} (TV {_fmt(at.get('tv', c.tv), '.4f')}, "
+                    f"n={at.get('samples', c.samples)})", "token", c.expected_law, c.empirical_law)
+        parts.append(_figure(png, f"position-{j} distribution of {name}",
+                             f"Output law at position {j}: expected (target after warpers) vs empirical."))
     if c.acceptance_law is not None and c.expected_acceptance_law is not None:
         png = _bars(f"acceptance law (rate {_fmt(c.acceptance_rate, '.3f')} vs theory "
                     f"{_fmt(c.expected_acceptance_rate, '.3f')})", "accepted drafts (n_matches)",

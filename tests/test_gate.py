@@ -7,6 +7,7 @@ import re
 import pytest
 
 from lossless_check.gate import gate, to_html, to_markdown, write_reports
+from lossless_check.report import to_json
 from lossless_check.results import CaseResult, RunResult
 
 pytest.importorskip("matplotlib")
@@ -67,3 +68,18 @@ def test_gate_runs_a_matrix_and_writes_reports(tmp_path):
     assert len(doc["cases"]) == 3 and all(c["mode"] == "step" and c["provenance"] for c in doc["cases"])
     assert code == (1 if any(c["verdict"] != "lossless" for c in doc["cases"]) else 0)
     assert (tmp_path / "report.html").read_text().startswith("<!doctype html>")
+
+
+def test_markdown_names_the_failing_position_and_provenance_and_the_html_plots_that_position():
+    failing = CaseResult("Gen", "top_k=3", "all", "iid8", verdict="not_lossless", samples=1000, tv=0.01,
+                         failed_checks=["output_law@2"], reason="output law at position 2: TV 0.2 > threshold 0.1",
+                         empirical_law=[0.5, 0.5], expected_law=[0.7, 0.3], law_position=2,
+                         positions=[{"position": 1, "tv": 0.01, "samples": 1000},
+                                    {"position": 2, "tv": 0.2, "samples": 600}],
+                         provenance={"verdict": "inconsistent", "reason": "q differs", "positions": []})
+    result = RunResult([failing], 1e-6, 0, 1000)
+    doc = to_json(result)
+    markdown = to_markdown(result, doc, "mymod:Gen")
+    assert "(failing position 2; provenance: inconsistent)" in markdown
+    page = to_html(result, doc, "mymod:Gen")
+    assert "Output law at position 2" in page and "Output law at position 1" not in page
