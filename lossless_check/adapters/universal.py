@@ -12,7 +12,7 @@ from __future__ import annotations
 from .assisted import constant_drafts
 from .base import DraftContext, FunctionSession, GeneratorAdapter
 from .rounds import first_round
-from .vocabularies import assistant_lm, assistant_words, target_words, word_level_tokenizer
+from .vocabularies import assistant_lm, assistant_words, target_words, tokenizer_pair, word_level_tokenizer, vocabulary_order
 
 
 class UniversalAdapter(GeneratorAdapter):
@@ -23,13 +23,19 @@ class UniversalAdapter(GeneratorAdapter):
     #: ``assistant_candidate_ids[0, ...]`` and appends it as one row).
     batchable = False
     drafts_stop_at_eos = True
+    #: The assistant ids of the shared words in the order the last translator built in this process
+    #: holds them (:func:`.vocabularies.vocabulary_order`).
+    last_vocabulary_order: list[int] | None = None
 
     def session(self, ctx: DraftContext) -> FunctionSession:
         from transformers.generation.candidate_generator import AssistantVocabTranslatorCache
 
         vocab = ctx.scenario.vocab_size
-        target_tokenizer = word_level_tokenizer(target_words(vocab))
-        assistant_tokenizer = word_level_tokenizer(assistant_words(vocab))
+        if ctx.scenario.tokenizers == "stub":
+            target_tokenizer = word_level_tokenizer(target_words(vocab))
+            assistant_tokenizer = word_level_tokenizer(assistant_words(vocab))
+        else:
+            target_tokenizer, assistant_tokenizer = tokenizer_pair(ctx.scenario.tokenizers, vocab)
         assistant = assistant_lm(
             ctx.scenario.drafter,
             prompt_length=len(ctx.scenario.prompt),
@@ -43,6 +49,9 @@ class UniversalAdapter(GeneratorAdapter):
             assistant_model=assistant,
             assistant_prune_lm_head=True,
         )
+        # With fast tokenizers the order the translator saw is the library's (random per process):
+        # kept with the session, so a run can say which order its numbers come from.
+        UniversalAdapter.last_vocabulary_order = vocabulary_order(translator)
         # generate() does this too: a pruned head's logits are not indexed by token id.
         assistant.generation_config.repetition_penalty = None
 

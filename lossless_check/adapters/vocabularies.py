@@ -59,6 +59,62 @@ def word_level_tokenizer(words: list[str]):
     return AlphabeticalVocabTokenizer(tokenizer_object=backend)
 
 
+#: How a scenario's tokenizers give their vocabulary (``Scenario.tokenizers``).
+TOKENIZER_KINDS = ("stub", "fast", "id-ordered")
+
+
+def _word_level_backend(words: list[str]):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    # A word outside the vocabulary reads as word 0 (see word_level_tokenizer).
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[0]))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return backend
+
+
+def fast_word_level_tokenizer(words: list[str]):
+    """A plain ``PreTrainedTokenizerFast`` over a ``tokenizers`` WordLevel model, nothing overridden.
+
+    Its ``get_vocab()`` iterates in the order of the library's Rust hash map: measured with
+    tokenizers 0.23.3, the order differs between processes and between two calls on the same object
+    (the map is rebuilt with fresh random hash keys), so it is not a function of ``--seed``. Code that
+    reads it once (the vocabulary translator, which ``generate()`` caches) sees one random order.
+    """
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=_word_level_backend(words))
+
+
+def id_ordered_tokenizer(words: list[str]):
+    """The control of :func:`fast_word_level_tokenizer`: the same tokenizer, ``get_vocab()`` in id order."""
+    from transformers import PreTrainedTokenizerFast
+
+    class IdOrderedVocabTokenizer(PreTrainedTokenizerFast):
+        def get_vocab(self) -> dict[str, int]:
+            return dict(sorted(super().get_vocab().items(), key=lambda item: item[1]))
+
+    return IdOrderedVocabTokenizer(tokenizer_object=_word_level_backend(words))
+
+
+def tokenizer_pair(kind: str, vocab_size: int):
+    """``(target_tokenizer, assistant_tokenizer)`` of a ``vocab_size``-token scenario whose tokenizers are ``kind``.
+
+    ``stub``: :func:`word_level_tokenizer` (alphabetical ``get_vocab()``, deterministic); ``fast``:
+    :func:`fast_word_level_tokenizer` (the library's hash order); ``id-ordered``: :func:`id_ordered_tokenizer`.
+    """
+    build = {"stub": word_level_tokenizer, "fast": fast_word_level_tokenizer, "id-ordered": id_ordered_tokenizer}
+    if kind not in build:
+        raise ValueError(f"tokenizers must be one of {', '.join(TOKENIZER_KINDS)}, got {kind!r}")
+    return build[kind](target_words(vocab_size)), build[kind](assistant_words(vocab_size))
+
+
+def vocabulary_order(translator) -> list[int] | None:
+    """The assistant ids of the shared words in the order the translator's pruned head holds them
+    (the order ``get_vocab()`` iterated when it was built); ``None`` when it pruned nothing."""
+    ids = getattr(translator, "assistant_overlap_token_ids", None)
+    return None if ids is None else ids.tolist()
+
+
 def assistant_table(drafter: FixedLogits, words: list[str], only_word_logit: float = 0.0) -> FixedLogits:
     """``drafter`` (over target ids) re-expressed over the assistant ids of ``words``."""
     vocab = drafter.vocab_size

@@ -1,0 +1,87 @@
+"""Real-world scenarios: real fast tokenizers, large vocabularies, and their negative controls."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import lossless_check as lc
+from lossless_check.adapters.vocabularies import assistant_words, target_words, tokenizer_pair
+from lossless_check.scenarios import SCENARIOS
+
+UNIVERSAL = "UniversalSpeculativeDecodingGenerator"
+
+
+# --- Real fast tokenizers (Universal) ---------------------------------------------------------
+
+
+def test_fast_tokenizers_are_plain_library_tokenizers_in_hash_order():
+    """Nothing overridden: the class is ``PreTrainedTokenizerFast`` itself, and its ``get_vocab()``
+    is not in id order (32 shared words: an id order by chance has probability 1/32!)."""
+    from transformers import PreTrainedTokenizerFast
+
+    scenario = SCENARIOS["iid32-fast-tokenizers"]
+    target, assistant = tokenizer_pair(scenario.tokenizers, scenario.vocab_size)
+    assert type(target) is PreTrainedTokenizerFast and type(assistant) is PreTrainedTokenizerFast
+    ids = list(assistant.get_vocab().values())
+    assert ids != sorted(ids)
+    assert sorted(assistant.get_vocab().items(), key=lambda kv: kv[1]) == [(w, i) for i, w in
+                                                                          enumerate(assistant_words(32))]
+    # Different but overlapping vocabularies: every target word is in the assistant's, under another id.
+    shared = set(target.get_vocab()) & set(assistant.get_vocab())
+    assert shared == set(target_words(32))
+    assert any(target.get_vocab()[w] != assistant.get_vocab()[w] for w in shared)
+
+
+def test_id_ordered_control_iterates_in_id_order():
+    scenario = SCENARIOS["iid32-id-ordered-vocab"]
+    _, assistant = tokenizer_pair(scenario.tokenizers, scenario.vocab_size)
+    ids = list(assistant.get_vocab().values())
+    assert ids == sorted(ids)
+
+
+def _permuted_first_token_tv(order: list[int]) -> float:
+    """TV of the first emitted token from the target law, predicted from the order the translator saw
+    (``q`` returned for target word ``t`` is the drafted ``q`` of another word)."""
+    from lossless_check.expected import first_token_law
+
+    scenario = SCENARIOS["iid32-fast-tokenizers"]
+    words = assistant_words(scenario.vocab_size)
+    target_of = {a: int(w[1:]) for a, w in enumerate(words) if w.startswith("w")}
+    p = _softmax(scenario.target.rows[0])
+    q = _softmax(scenario.drafter.rows[0])
+    q_returned = np.empty_like(q)
+    for a_sorted, a_seen in zip(sorted(order), order):
+        q_returned[target_of[a_sorted]] = q[target_of[a_seen]]
+    return 0.5 * float(np.abs(first_token_law(p, q, q_returned) - p).sum())
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+def test_universal_is_not_lossless_with_real_fast_tokenizers():
+    from lossless_check.adapters.universal import UniversalAdapter
+
+    case = lc.check(UNIVERSAL, warpers="none", scenario="iid32-fast-tokenizers", samples=2000)
+    order = UniversalAdapter.last_vocabulary_order
+    assert order is not None and order != sorted(order)
+    predicted = _permuted_first_token_tv(order)
+    assert case.verdict == "not_lossless", (case.reason, order, predicted)
+    # The run's first-token TV is the one the recorded order predicts (within sampling error).
+    assert abs(case.tv - predicted) < 0.15, (case.tv, predicted, case.samples)
+
+
+def test_universal_is_lossless_with_the_id_ordered_control():
+    case = lc.check(UNIVERSAL, warpers="none", scenario="iid32-id-ordered-vocab", samples=1500)
+    assert case.verdict == "lossless", case.reason
+
+
+def test_list_shows_the_new_scenarios(capsys):
+    from lossless_check.cli import main
+
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for name in SCENARIOS:
+        assert f"scenario {name}:" in out
