@@ -96,3 +96,26 @@ def test_bad_usage_is_reported_before_torch_is_imported():
         done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True)
         assert done.returncode == 2, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_gate_prints_the_verdict_table_and_where_the_reports_are(tmp_path, capsys):
+    out = tmp_path / "gate"
+    code = main(["gate", "--generator", "DFlashTokenCandidateGenerator", "--matrix", "smoke", "--samples", "300",
+                 "--scenario", "iid8", "--out", str(out) + "/", "--quiet"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "verdict" in printed and "DFlashTokenCandidateGenerator" in printed and "3 lossless" in printed
+    assert f"{out}/report.json" in printed and "//" not in printed.replace("://", "")
+    assert (out / "report.md").exists()
+
+
+def test_progress_lines_when_stderr_is_not_a_terminal(monkeypatch, capsys):
+    import lossless_check.progress as progress
+
+    monkeypatch.setattr(progress, "LINE_INTERVAL", 0.0)
+    with progress.progress_reporter(3) as advance:
+        for _ in range(3):
+            advance(1000)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[-1].startswith("lossless-check: 3/3 cases done, 3000 trials") and len(lines) == 3
+    assert "ETA" in lines[0]
