@@ -45,6 +45,64 @@ def stratify(rows: np.ndarray, position: int, law_of: LawOf) -> tuple[np.ndarray
     return ids, laws
 
 
+#: Vocabularies larger than this are tested on a coarsened partition (:func:`coarsening`).
+COARSEN_ABOVE_VOCAB = 4096
+#: Cells of the coarsened partition: each of the ``TOP_CELLS`` most likely tokens of the exact law alone,
+#: then ``TAIL_BUCKETS`` buckets of the rest, then one cell of the tokens the law gives probability 0.
+TOP_CELLS = 64
+TAIL_BUCKETS = 16
+COARSE_CELLS = TOP_CELLS + TAIL_BUCKETS + 1
+
+
+def coarsening(law: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(cell_of_token, cell_law)``: a partition of the vocabulary fixed by the exact law alone.
+
+    Each of the :data:`TOP_CELLS` most likely tokens (ties by token id) is its own cell; the other
+    tokens of the support, in decreasing order of probability, fill :data:`TAIL_BUCKETS` buckets by
+    quantiles of their mass (a token goes to the bucket where its share of the tail mass starts);
+    every token with probability 0 goes to the last cell. ``cell_law`` is the law's mass per cell.
+
+    Why a test of the coarsened law is valid: the partition is a function of the exact law only
+    (never of the counts), so for a lossless generator the cell of each emitted token follows
+    ``cell_law`` exactly, i.i.d. within a stratum as the tokens are, and every guarantee of
+    :func:`~lossless_check.stats.verdict_test` holds for the cells as it does for the tokens.
+    Power is lost only within cells: a bug that moves mass between tokens of one tail bucket is
+    invisible; one that moves mass across cells (into or out of the top tokens, between tail
+    quantiles) keeps the test's power over a support of at most :data:`COARSE_CELLS` instead of
+    ``V``. A support violation stays exact on the full vocabulary: every token of probability 0
+    lands in the zero cell, whose expected mass is 0.
+    """
+    law = np.asarray(law, dtype=np.float64)
+    order = np.argsort(-law, kind="stable")
+    support = int((law > 0).sum())
+    cells = np.full(law.shape[0], COARSE_CELLS - 1, dtype=np.int16)
+    top = order[: min(TOP_CELLS, support)]
+    cells[top] = np.arange(len(top), dtype=np.int16)
+    tail = order[len(top) : support]
+    if tail.size:
+        mass = law[tail]
+        start = (np.cumsum(mass) - mass) / mass.sum()
+        cells[tail] = TOP_CELLS + np.minimum((start * TAIL_BUCKETS).astype(np.int64), TAIL_BUCKETS - 1)
+    cell_law = np.bincount(cells, weights=law, minlength=COARSE_CELLS)
+    cell_law.setflags(write=False)
+    return cells, cell_law
+
+
+def coarsened(ids: np.ndarray, tokens: np.ndarray, laws: list[np.ndarray],
+              vocab: int) -> tuple[np.ndarray, list[np.ndarray], int]:
+    """``(cells, cell_laws, cells_per_stratum)``: the tokens and laws of :func:`stratify`, on the
+    partition of :func:`coarsening` when ``vocab`` exceeds :data:`COARSEN_ABOVE_VOCAB` (else unchanged).
+    The rule depends on the vocabulary and the laws only."""
+    if vocab <= COARSEN_ABOVE_VOCAB:
+        return tokens, laws, vocab
+    parts = [coarsening(law) for law in laws]
+    cells = np.zeros(len(tokens), dtype=np.int64)
+    for s, (cell_of, _) in enumerate(parts):
+        here = ids == s
+        cells[here] = cell_of[tokens[here]]
+    return cells, [law for _, law in parts], COARSE_CELLS
+
+
 def counts_by_stratum(ids: np.ndarray, tokens: np.ndarray, laws: list[np.ndarray], vocab: int) -> list[Stratum]:
     kept = ids >= 0
     counts = np.bincount(ids[kept] * vocab + tokens[kept], minlength=len(laws) * vocab)
@@ -54,7 +112,8 @@ def counts_by_stratum(ids: np.ndarray, tokens: np.ndarray, laws: list[np.ndarray
 def strata(rows: np.ndarray, position: int, law_of: LawOf, vocab: int) -> list[Stratum]:
     """The rows' tokens at ``position`` counted by stratum."""
     ids, laws = stratify(rows, position, law_of)
-    return counts_by_stratum(ids, rows[:, position], laws, vocab)
+    tokens, laws, cells = coarsened(ids, rows[:, position], laws, vocab)
+    return counts_by_stratum(ids, tokens, laws, cells)
 
 
 def position_tests(result: CaseResult, strata_by_position: list[list[Stratum]], alpha_case: float) -> int:
@@ -107,12 +166,13 @@ def position_tests(result: CaseResult, strata_by_position: list[list[Stratum]], 
     return violations
 
 
-def log_evalues(emitted: np.ndarray, positions: int, law_of: LawOf) -> np.ndarray:
+def log_evalues(emitted: np.ndarray, positions: int, law_of: LawOf, vocab: int = 0) -> np.ndarray:
     """Running log e-values of the output laws, ``(positions + 1, rows)``: one row per position
     (:func:`~lossless_check.stats.mixture_log_evalues` over the rows that reached it, strata as in
     :func:`strata`), then their product (all positions' evidence together).
 
-    Every row is a test martingale over trials for a lossless round: given the earlier trials and
+    ``vocab`` (default: the laws' length) decides the coarsening, as in :func:`strata`. Every row is a
+    test martingale over trials for a lossless round: given the earlier trials and
     the earlier positions of its own trial, a trial's token at position ``j`` follows
     ``p_j(. | prefix)`` whenever it reached ``j``.
     """
@@ -123,7 +183,8 @@ def log_evalues(emitted: np.ndarray, positions: int, law_of: LawOf) -> np.ndarra
         per_trial = np.zeros(trials)
         if reached.size:
             ids, laws = stratify(emitted[reached], j, law_of)
-            running = mixture_log_evalues(ids, emitted[reached, j], laws)
+            tokens, laws, _ = coarsened(ids, emitted[reached, j], laws, vocab or (len(laws[0]) if laws else 0))
+            running = mixture_log_evalues(ids, tokens, laws)
             per_trial[reached] = np.diff(running, prepend=0.0)
         result.append(np.cumsum(per_trial))
     result.append(np.sum(result, axis=0))
@@ -144,9 +205,10 @@ def arms_test(result: CaseResult, emitted: np.ndarray, arm: np.ndarray, position
     for j in range(min(positions, emitted.shape[1])):
         reached = emitted[:, j] >= 0
         ids, laws = stratify(emitted[reached], j, law_of)
-        tokens, in_arm = emitted[reached, j], arm[reached]
-        test = two_sample_test(counts_by_stratum(ids[in_arm == 0], tokens[in_arm == 0], laws, vocab),
-                               counts_by_stratum(ids[in_arm == 1], tokens[in_arm == 1], laws, vocab), alpha_position)
+        tokens, laws, cells = coarsened(ids, emitted[reached, j], laws, vocab)
+        in_arm = arm[reached]
+        test = two_sample_test(counts_by_stratum(ids[in_arm == 0], tokens[in_arm == 0], laws, cells),
+                               counts_by_stratum(ids[in_arm == 1], tokens[in_arm == 1], laws, cells), alpha_position)
         rows.append({"position": j + 1, "tv_between_arms": test.statistic, "tv_threshold": test.threshold_tv,
                      "p_value": test.pvalue, "batch1_samples": test.n_a, "batched_samples": test.n_b})
     p_value = bonferroni_min([r["p_value"] for r in rows])

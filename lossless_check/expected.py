@@ -12,6 +12,7 @@ the same generation config.
 
 from __future__ import annotations
 
+import hashlib
 from functools import lru_cache
 
 import numpy as np
@@ -47,6 +48,10 @@ class ExactLaws:
     def __init__(self, scenario: Scenario, processors):
         self.scenario = scenario
         self.processors = processors
+        # Identical laws share one array (keyed by a digest, confirmed equal): with a large vocabulary
+        # and a history-free stack, every prefix has the same law, and one copy per prefix would cost
+        # 256 kB each.
+        self._interned: dict[bytes, np.ndarray] = {}
         self._target = lru_cache(maxsize=None)(lambda prefix: self._law(scenario.target, prefix))
         self._drafter = lru_cache(maxsize=None)(lambda prefix: self._law(scenario.drafter, prefix))
 
@@ -55,7 +60,10 @@ class ExactLaws:
         logits = torch.tensor(table.logits(len(prefix), history[-1]), dtype=REAL_PATH_DTYPE)[None, :]
         if self.processors is not None and len(self.processors) > 0:
             logits = self.processors(torch.tensor([history], dtype=torch.long), logits)
-        return law_as_sampled(logits[0])
+        law = law_as_sampled(logits[0])
+        key = hashlib.blake2b(law.tobytes(), digest_size=16).digest()
+        shared = self._interned.setdefault(key, law)
+        return shared if shared is law or np.array_equal(shared, law) else law
 
     def target(self, prefix: tuple[int, ...] = ()) -> np.ndarray:
         """Law of the next token after ``prompt + prefix`` under plain sampling (processed target)."""

@@ -111,4 +111,30 @@ ID_ORDERED_VOCAB = Scenario(
     description="control of iid32-fast-tokenizers: the same tokenizers, get_vocab() in id order",
 )
 
-SCENARIOS = {s.name: s for s in (DEFAULT, IID, FAST_TOKENIZERS, ID_ORDERED_VOCAB)}
+#: Vocabulary of the large scenario: the size of Llama 2's.
+VOCAB_LARGE = 32_000
+
+
+def zipf_logits(seed: int, vocab: int, exponent: float = 1.5, noise: float = 0.3) -> np.ndarray:
+    """Peaked logits with a long tail: ``p(rank r) ~ r^-exponent`` over a seeded random assignment of
+    ranks to tokens, with seeded Gaussian noise on the logits (rounded to 3 decimals, as the others)."""
+    rng = np.random.default_rng(seed)
+    ranks = rng.permutation(vocab) + 1
+    return np.round(-exponent * np.log(ranks) + rng.normal(scale=noise, size=vocab), 3)
+
+
+_ZIPF = zipf_logits(20261203, VOCAB_LARGE)
+
+#: A realistic large-vocabulary pair: Zipf(1.5) target (top token near 0.35, 10% of the mass beyond
+#: its ~60 most likely tokens, spread over the other 31,900), drafter the same table with noise
+#: (acceptance near 0.8). Laws are tested on the coarsened partition of :func:`~lossless_check.analysis.coarsening`.
+LARGE_VOCAB = Scenario(
+    name="zipf32k",
+    target=FixedLogits.iid(_ZIPF),
+    drafter=FixedLogits.iid(_ZIPF + _seeded(4, (VOCAB_LARGE,), 0.5)),
+    prompt=(3, 1, 4),
+    gamma=3,
+    description="vocabulary 32,000, Zipf-like peaked laws with long tails (laws tested on 64 top cells + 16 tail buckets)",
+)
+
+SCENARIOS = {s.name: s for s in (DEFAULT, IID, FAST_TOKENIZERS, ID_ORDERED_VOCAB, LARGE_VOCAB)}

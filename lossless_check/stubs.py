@@ -78,6 +78,37 @@ class IdentityHead(nn.Linear):
         return hidden
 
 
+#: Largest vocabulary whose stubs hold their identity head and one-hot embedding as dense ``V x V``
+#: weights (a real ``nn.Linear``/``nn.Embedding``, which pruning and re-indexing act on). Past it the
+#: same maps are computed without weights (``V = 32000`` would need 4 GB per matrix).
+DENSE_WEIGHTS_MAX_VOCAB = 4096
+
+
+class WeightlessIdentityHead(nn.Module):
+    """:class:`IdentityHead` of a large vocabulary: passes its input through, holds no ``V x V`` weight."""
+
+    def __init__(self, vocab_size: int):
+        super().__init__()
+        self.in_features = self.out_features = vocab_size
+        # Generators read the head's weight for its device and dtype only: an empty one says them.
+        self.weight = nn.Parameter(torch.zeros(0), requires_grad=False)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden
+
+
+class OneHotEmbedding(nn.Module):
+    """The identity embedding of a large vocabulary (token ``t`` -> one-hot row ``t``), computed on the fly."""
+
+    def __init__(self, vocab_size: int):
+        super().__init__()
+        self.num_embeddings = self.embedding_dim = vocab_size
+        self.weight = nn.Parameter(torch.zeros(0), requires_grad=False)  # device and dtype only
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.one_hot(input_ids, self.num_embeddings).to(torch.float32)
+
+
 class FixedLogitsLM(PreTrainedModel, GenerationMixin):
     """A causal LM whose logits at each position come from a fixed table.
 
@@ -98,11 +129,16 @@ class FixedLogitsLM(PreTrainedModel, GenerationMixin):
         self.register_buffer("table_rows", torch.tensor(table.rows, dtype=torch.float32), persistent=False)
         # A real (identity) output projection: hidden states are the logits. DFlash-style generators
         # project a drafter's hidden states through this layer.
-        self.lm_head = IdentityHead(config.vocab_size, config.vocab_size, bias=False)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.vocab_size)
-        with torch.no_grad():
-            self.lm_head.weight.copy_(torch.eye(config.vocab_size))
-            self.embed_tokens.weight.copy_(torch.eye(config.vocab_size))
+        if config.vocab_size > DENSE_WEIGHTS_MAX_VOCAB:
+            self.anchor = nn.Parameter(torch.zeros(1), requires_grad=False)  # gives the model a device and dtype
+            self.lm_head = WeightlessIdentityHead(config.vocab_size)
+            self.embed_tokens = OneHotEmbedding(config.vocab_size)
+        else:
+            self.lm_head = IdentityHead(config.vocab_size, config.vocab_size, bias=False)
+            self.embed_tokens = nn.Embedding(config.vocab_size, config.vocab_size)
+            with torch.no_grad():
+                self.lm_head.weight.copy_(torch.eye(config.vocab_size))
+                self.embed_tokens.weight.copy_(torch.eye(config.vocab_size))
         self.post_init()
 
     def _init_weights(self, module):  # weights are fixed by construction
