@@ -122,11 +122,12 @@ class Engine:
         ``progress(trials)`` is called as each task completes, with its result's ``samples``.
         """
         if self.workers <= 1 or len(arguments) < 2:
-            results = []
-            for args in arguments:
-                results.append(task(*args))
-                if progress is not None:
-                    progress(results[-1].samples)
+            with _one_thread():
+                results = []
+                for args in arguments:
+                    results.append(task(*args))
+                    if progress is not None:
+                        progress(results[-1].samples)
             return results
         pool = self._start()
         futures = {pool.submit(task, *args): i for i, args in enumerate(arguments)}
@@ -154,6 +155,22 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@contextmanager
+def _one_thread():
+    """One torch thread while cases run here, as in a worker: the harness's tensors are tiny, and
+    several processes of a machine (pytest-xdist workers) each with a thread pool oversubscribe its
+    cores (measured: the README's downstream example took 94 s under ``pytest -n 2``, 18 s serially).
+    The caller's setting is restored."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def _init_worker() -> None:
