@@ -122,7 +122,7 @@ class Engine:
         ``progress(trials)`` is called as each task completes, with its result's ``samples``.
         """
         if self.workers <= 1 or len(arguments) < 2:
-            with _one_thread():
+            with one_thread():
                 results = []
                 for args in arguments:
                     results.append(task(*args))
@@ -158,7 +158,7 @@ class Engine:
 
 
 @contextmanager
-def _one_thread():
+def one_thread():
     """One torch thread while cases run here, as in a worker: the harness's tensors are tiny, and
     several processes of a machine (pytest-xdist workers) each with a thread pool oversubscribe its
     cores (measured: the README's downstream example took 94 s under ``pytest -n 2``, 18 s serially).

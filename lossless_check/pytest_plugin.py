@@ -158,6 +158,7 @@ class Lossless:
         from .adapters import resolve_generator
         from .errors import UsageError
         from .report import to_json
+        from .engine import one_thread
         from .modes import run_case
         from .results import Case, RunResult, decide
         from .scenarios import SCENARIOS
@@ -178,7 +179,8 @@ class Lossless:
             raise UsageError(f"samples must be a positive integer, got {samples!r}")
         case = Case(resolve_generator(spec), stack, "step", SCENARIOS[scenario])
         # Fixed-sample: a failure names every failing position (a sequential stop names none).
-        result = run_case(case, samples, self._state.seed, alpha, sequential=False)
+        with one_thread():
+            result = run_case(case, samples, self._state.seed, alpha, sequential=False)
         decide([result], alpha)
         record = to_json(RunResult([result], alpha, self._state.seed, samples))["cases"][0]
         record.update(test=self._nodeid, check=self._checks, generator_spec=spec,
