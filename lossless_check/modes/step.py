@@ -37,6 +37,8 @@ from ..warpers import capture_processors
 from .batching import BATCH_SIZE, batch1_trials_per_chunk, decide_batching, draft_lengths, family_flag
 from .observations import Observations, widen
 
+#: Memory the per-case cache of processed target logits may hold.
+TARGET_CACHE_BYTES = 256 * 2**20
 #: ``max_new_tokens`` of the generation config in step mode: far enough that no candidate is cut.
 STEP_MAX_NEW_TOKENS = 64
 
@@ -119,12 +121,16 @@ class StepCase:
 
         They are a deterministic function of the candidate sequence (fixed tables, deterministic
         processors), and a small vocabulary has few distinct sequences: each is computed once per
-        case and process, and the verifier gets a fresh copy every trial.
+        case and process (up to :data:`TARGET_CACHE_BYTES`: a large vocabulary has many distinct,
+        large ones), and the verifier gets a fresh copy every trial.
         """
         key = tuple(candidate_ids[0].tolist())
         cached = self._target_logits.get(key)
         if cached is None:
-            cached = self._target_logits[key] = self.processed_target_logits(candidate_ids)
+            cached = self.processed_target_logits(candidate_ids)
+            if (len(self._target_logits) + 1) * cached.numel() * cached.element_size() <= TARGET_CACHE_BYTES:
+                self._target_logits[key] = cached
+            return cached
         return cached.clone()
 
     def processed_target_logits(self, candidate_ids: torch.Tensor) -> torch.Tensor:
