@@ -45,8 +45,9 @@ def print_listing() -> int:
         table.add_row(name, modes_for(name) if name in ADAPTERS else "no adapter yet")
     console.print(table)
     for scenario in SCENARIOS.values():
+        about = f": {scenario.description}" if getattr(scenario, "description", "") else ""
         console.print(f"scenario {scenario.name}: vocabulary {scenario.vocab_size}, {scenario.target.kind} target, "
-                      f"{scenario.drafter.kind} drafter, gamma {scenario.gamma}", highlight=False)
+                      f"{scenario.drafter.kind} drafter, gamma {scenario.gamma}{about}", highlight=False)
     console.print(f"scenario {TINY_LLAMA.name}: two seeded 2-layer Llamas, vocabulary {TINY_LLAMA.vocab_size} "
                   "(generate mode only)", highlight=False)
     for entry in available_catalog():
