@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .evalues import lr_detectable_tv, lr_test
-from .l1 import detectable_tv, law_test, samples_for_tv
+from .l1 import LawTestResult, detectable_tv, law_test, samples_for_tv
 from .strata import Stratum
 
 #: Default share of ``alpha`` the verdict gives the L1 test (the rest goes to the likelihood ratio).
@@ -18,18 +18,13 @@ SHARE_L1 = 0.5
 # The verdict: L1 and likelihood ratio together
 
 
-@dataclass(frozen=True)
-class VerdictTestResult:
-    """Result of :func:`verdict_test`: the fields of :class:`LawTestResult` (same names and meaning, the
-    L1 ones for the L1 component at its share of alpha) plus the two components and which rejected."""
+@dataclass(frozen=True, kw_only=True)
+class VerdictTestResult(LawTestResult):
+    """Result of :func:`verdict_test`: the fields of :class:`LawTestResult` (same names and meaning:
+    ``pvalue`` combined, finite-sample valid, ``min(1, p_l1 / share_l1, p_lr / (1 - share_l1))``;
+    ``tv_detectable`` the combined guarantee, ``min(tv_detectable_l1, tv_detectable_lr)``; the L1
+    component's ``bound`` and ``threshold_tv``) plus the two components and which rejected."""
 
-    statistic: float  # the sample-weighted TV distance
-    pvalue: float  # combined, finite-sample valid: min(1, p_l1 / share_l1, p_lr / (1 - share_l1))
-    n: int
-    bound: str  # the L1 component's bound
-    threshold_tv: float  # the L1 component rejects when statistic exceeds this
-    tv_detectable: float  # combined guarantee: min(tv_detectable_l1, tv_detectable_lr)
-    support_violations: int
     l1_pvalue: float
     lr_pvalue: float
     lr_log_evalue: float
@@ -38,14 +33,6 @@ class VerdictTestResult:
     rejected_by: tuple[str, ...]  # at the alpha of the call: "support", "l1", "lr"
     alpha: float
     share_l1: float
-    chi2: float | None = None
-    chi2_dof: int = 0
-    chi2_pvalue: float | None = None
-    g: float | None = None
-    g_pvalue: float | None = None
-
-    def rejects(self, alpha: float) -> bool:
-        return self.support_violations > 0 or self.pvalue <= alpha
 
 
 def _check_share(share_l1: float) -> None:
