@@ -251,3 +251,17 @@ def test_single_position_drafts_each_rows_argmax_and_returns_the_raw_rows():
     rows = DEFAULT.drafter.rows[: DEFAULT.gamma]
     assert candidates[0, len(DEFAULT.prompt):].tolist() == rows.argmax(axis=1).tolist()
     assert np.allclose(logits[0].numpy(), rows, atol=1e-6)
+
+
+def test_early_exit_cannot_run_on_5_0_to_5_2_because_its_get_candidates_omits_is_first_iteration():
+    """A transformers defect, not the harness's: on 5.0-5.2 ``AssistedCandidateGenerator.get_candidates``
+    requires ``is_first_iteration``, and ``EarlyExitCandidateGenerator.get_candidates`` calls
+    ``super().get_candidates(input_ids)`` without it (5.0.0 ``generation/candidate_generator.py`` line
+    1257), so every call raises ``TypeError``. Fixed in 5.3 (``benchmarks/compat_table.md``). On the
+    installed release the verdict follows that table: ``error`` with that reason before 5.3, else lossless.
+    """
+    case = run_one("EarlyExitCandidateGenerator", 300)
+    if release() < (5, 3, 0):
+        assert case.verdict == "error" and "is_first_iteration" in case.reason, case.reason
+    else:
+        assert case.verdict == "lossless", case.reason
