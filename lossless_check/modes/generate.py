@@ -1,10 +1,14 @@
 """Generate mode: the real ``generate()`` loop, tested through the joint law of the emitted tokens.
 
-Each sample is one unmodified call ``target.generate(prompt, assistant_model=drafter,
-generation_config=GenerationConfig(do_sample=True, max_new_tokens=K, **warpers))``. It runs every
-part of the loop that step mode leaves out: several drafting rounds, the target's and the
-assistant's cache cropping after a rejection, the draft length capped near ``max_length``, rounds
-with no draft at all, and the cropping of accepted tokens at EOS and at ``max_length``.
+Each sample is one unmodified call ``target.generate(prompt, generation_config=GenerationConfig(
+do_sample=True, max_new_tokens=K, **warpers), **kwargs)``, with the models, ``kwargs``
+(``assistant_model=``, tokenizers) and routing fields of the config that make the installed
+``generate()`` build the case's generator family itself (:mod:`.loop_models`: every built-in family,
+and a subclass wired in where ``generate()`` builds its base). It runs every part of the loop that
+step mode leaves out: several drafting rounds, the target's and the drafter's cache cropping after a
+rejection, the draft length capped near ``max_length``, rounds with no draft at all (the first round
+of MTP, DFlash and SinglePosition), how ``_assisted_decoding`` builds and processes the target's
+logits, and the cropping of accepted tokens at EOS and at ``max_length``.
 
 Reference: plain sampling with the same config emits ``x_1 .. x_K`` with
 ``x_k ~ p(. | prompt + x_<k)``, the target's logits after ``prompt + x_<k`` processed by the real
@@ -16,7 +20,10 @@ Reference: plain sampling with the same config emits ``x_1 .. x_K`` with
   them by their exact law ``p(. | prompt + x_<k)`` and test the groups with :func:`~.stats.law_test`.
   The ``K`` position tests are combined by Bonferroni into the case's p-value.
 
-Together the conditionals are the joint law of the first ``K`` tokens (with stopping). Targets: the
+Together the conditionals are the joint law of the first ``K`` tokens (with stopping).
+``AssistedCandidateGeneratorDifferentTokenizers`` is built by ``generate()`` for ``do_sample=False``
+only: its reference is plain greedy decoding with the same config (a point mass on the argmax of the
+processed logits at every position). Targets: the
 fixed-logits stubs of a :class:`~.scenarios.Scenario` (law from the table), or a randomly initialised
 tiny Llama (:class:`TinyLlamaScenario`; law from running the target on each observed prefix).
 
@@ -27,7 +34,6 @@ real loop drafts one sequence at a time: generate mode is never batched.
 from __future__ import annotations
 
 import copy
-import inspect
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -38,7 +44,7 @@ import numpy as np
 import torch
 
 from ..adapters import DraftContext
-from ..adapters.assisted import assistant_for, constant_drafts
+from ..adapters.assisted import constant_drafts
 from ..analysis import position_tests
 from ..engine import guarded, run_in_chunks
 from ..errors import GeneratorFailure
@@ -46,6 +52,8 @@ from ..expected import ExactLaws
 from ..results import Case, CaseResult, one_line
 from ..stats import Stratum
 from ..stubs import fixed_logits_lm
+from ..adapters.mtp import _quiet_loading
+from . import loop_models
 from ..warpers import capture_processors
 
 #: Laws are functions of the generated prefix: ``law(prefix)`` is ``p(. | prompt + prefix)``.
@@ -98,6 +106,8 @@ class GenerateCaseResult(CaseResult):
     """A generate-mode case: :class:`~lossless_check.results.CaseResult` plus what the loop did."""
 
     max_new_tokens: int = 0
+    route: str | None = None  # how generate() was made to pick the generator
+    greedy: bool = False  # do_sample=False: the reference is plain greedy decoding (a point mass)
     mean_rounds: float | None = None  # target forward passes per generate() call
     mean_new_tokens: float | None = None
     stopping_violations: int = 0  # outputs plain sampling cannot produce (length / EOS rules)
@@ -105,6 +115,9 @@ class GenerateCaseResult(CaseResult):
     def explain(self) -> str:
         """The step-mode explanation plus the stopping check and what the loop did."""
         parts = [super().explain()]
+        if self.greedy:
+            parts.insert(0, "greedy (do_sample=False: the only config for which generate() builds this generator); "
+                            "reference: plain greedy decoding")
         if self.stopping_violations:
             parts.append(f"{self.stopping_violations} outputs break the length/EOS rules of plain sampling")
         parts.append(f"{self.mean_rounds:.2f} rounds and {self.mean_new_tokens:.2f} tokens per generate() call")
@@ -146,39 +159,6 @@ class _ModelLaws:
         return probs
 
 
-def _driving(target, generator_class):
-    """``target``, rebuilt as a subclass whose ``generate()`` drafts with ``generator_class``.
-
-    The installed ``AssistedCandidateGenerator`` itself is left to ``generate()`` to pick. A subclass
-    is built with the arguments ``generate()`` hands to its candidate-generator factory, the way the
-    factory builds the base class.
-    """
-    from transformers import GenerationMixin
-    from transformers.generation.candidate_generator import AssistedCandidateGenerator
-
-    if generator_class is AssistedCandidateGenerator:
-        return target
-    signature = inspect.signature(GenerationMixin._get_candidate_generator)
-
-    def _get_candidate_generator(self, *args, **kwargs):
-        given = signature.bind(self, *args, **kwargs).arguments
-        return generator_class(
-            input_ids=given["input_ids"],
-            assistant_model=given["assistant_model"],
-            generation_config=given["generation_config"],
-            model_kwargs=given["model_kwargs"],
-            inputs_tensor=given["inputs_tensor"],
-            logits_processor=given["logits_processor"],
-        )
-
-    cls = type(f"{type(target).__name__}Drafting{generator_class.__name__}", (type(target),),
-               {"_get_candidate_generator": _get_candidate_generator})
-    driving = cls(target.config).eval()
-    driving.load_state_dict(target.state_dict())
-    driving.generation_config = target.generation_config
-    return driving
-
-
 def _use_constant_drafts(drafter, gamma: int):
     # The "heuristic" schedule writes its draft length back into the drafter's generation config at
     # the end of generate(): samples would depend on each other. Constant length, no early stop.
@@ -188,14 +168,22 @@ def _use_constant_drafts(drafter, gamma: int):
 
 @dataclass
 class _Setup:
-    """The models, the generation config and the exact laws of one case."""
+    """The models, the ``generate()`` arguments, the generation config and the exact laws of one case.
+
+    Each sample is ``target.generate(prompt_ids, generation_config=generation_config, **generate_kwargs)``;
+    ``counts_round()`` tells whether a forward of ``target`` is a verification pass.
+    """
 
     target: object
-    drafter: object
+    generate_kwargs: dict
     prompt_ids: torch.LongTensor
     generation_config: object
     law: Law
     eos: frozenset[int]
+    counts_round: Callable[[], bool] = lambda: True
+    route: str = ""
+    greedy: bool = False
+    keep: object = None
 
 
 def _eos_ids(config) -> frozenset[int]:
@@ -206,29 +194,40 @@ def _eos_ids(config) -> frozenset[int]:
 
 
 def _setup(case: Case, max_new_tokens: int) -> _Setup:
+    """Build the case's models (:mod:`.loop_models`: the ones that make ``generate()`` pick its family)."""
     from transformers import GenerationConfig
 
     scenario = case.scenario
+    family = case.generator.adapter.name
     prompt_ids = torch.tensor([scenario.prompt], dtype=torch.long)
+    config = GenerationConfig(do_sample=True, max_new_tokens=max_new_tokens, **case.warpers)
     if isinstance(scenario, TinyLlamaScenario):
         target, drafter = tiny_llama_pair(scenario.seed, scenario.vocab_size)
         _use_constant_drafts(drafter, scenario.gamma)
         processors, prepared = capture_processors(target, prompt_ids, case.warpers, max_new_tokens)
         law = _ModelLaws(target, scenario.prompt, processors).target
+        kwargs = {"assistant_model": drafter}
+        if family == loop_models.PROMPT_LOOKUP:
+            kwargs, config.prompt_lookup_num_tokens = {}, scenario.gamma
+        if case.generator.generator_class is not loop_models.installed_class(family):
+            target = loop_models.driving(target, case.generator.generator_class, loop_models.installed_class(family))
+        return _Setup(target, kwargs, prompt_ids, config, law, _eos_ids(prepared), route=loop_models.ROUTES[family])
+    plain = fixed_logits_lm(scenario.target, prompt_length=len(scenario.prompt))
+    greedy = family in loop_models.GREEDY_FAMILIES
+    if greedy:
+        processors, prepared = loop_models.capture_greedy_processors(plain, prompt_ids, case.warpers, max_new_tokens)
+        law = loop_models.GreedyLaws(scenario, processors).target
     else:
-        target = fixed_logits_lm(scenario.target, prompt_length=len(scenario.prompt))
-        processors, prepared = capture_processors(target, prompt_ids, case.warpers, max_new_tokens)
-        drafter = assistant_for(DraftContext(scenario, case.generator.generator_class, prepared, processors, target,
-                                             prompt_ids))
+        processors, prepared = capture_processors(plain, prompt_ids, case.warpers, max_new_tokens)
         law = ExactLaws(scenario, processors).target
-    # The same config capture_processors gave generate(): the processors and laws above are its own.
-    config = GenerationConfig(do_sample=True, max_new_tokens=max_new_tokens, **case.warpers)
-    if case.generator.adapter.name == "PromptLookupCandidateGenerator":
-        # generate() builds the prompt-lookup generator itself; drafts are n-grams of the sequence.
-        config.prompt_lookup_num_tokens = scenario.gamma
-        return _Setup(target, None, prompt_ids, config, law, _eos_ids(prepared))
-    return _Setup(_driving(target, case.generator.generator_class), drafter, prompt_ids, config, law,
-                  _eos_ids(prepared))
+    ctx = DraftContext(scenario, case.generator.generator_class, prepared, processors, plain, prompt_ids)
+    models = loop_models.loop_models(family, ctx)
+    # The config capture_processors gave generate() (the processors and laws above are its own),
+    # plus the fields that route the family.
+    for key, value in models.config_fields.items():
+        setattr(config, key, value)
+    return _Setup(models.target, models.generate_kwargs, prompt_ids, config, law, _eos_ids(prepared),
+                  models.counts_round, loop_models.ROUTES[family], greedy, models.keep)
 
 
 def stopping_violations(tokens: list[int], max_new_tokens: int, eos: frozenset[int]) -> int:
@@ -244,7 +243,12 @@ def collect(setup: _Setup, samples: int, max_new_tokens: int, seed: int,
             progress: Callable[[int], None] | None = None) -> Generations:
     """Call ``generate()`` ``samples`` times; count target forward passes (one per round)."""
     forwards = [0]
-    hook = setup.target.register_forward_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+
+    def count(*_):
+        if setup.counts_round():
+            forwards[0] += 1
+
+    hook = setup.target.register_forward_hook(count)
     emitted = np.full((samples, max_new_tokens), -1, dtype=np.int64)
     rounds = np.zeros(samples, dtype=np.int64)
     violations = 0
@@ -252,12 +256,13 @@ def collect(setup: _Setup, samples: int, max_new_tokens: int, seed: int,
     torch.manual_seed(seed)
     started = time.perf_counter()
     try:
-        with torch.no_grad():
+        # _quiet_loading: MTP's generator loads its layers (from_pretrained) at every generate() call.
+        with torch.no_grad(), _quiet_loading():
             for t in range(samples):
                 before = forwards[0]
                 try:
-                    out = setup.target.generate(setup.prompt_ids, assistant_model=setup.drafter,
-                                                generation_config=setup.generation_config)
+                    out = setup.target.generate(setup.prompt_ids, generation_config=setup.generation_config,
+                                                **setup.generate_kwargs)
                 except Exception as exc:  # noqa: BLE001 - the generator under test (or the loop) failed
                     raise GeneratorFailure(f"generate() raised {one_line(exc)}") from exc
                 tokens = out[0, prompt_length:].tolist()
@@ -294,7 +299,7 @@ def analyse(case: Case, setup: _Setup, gens: Generations, alpha_case: float) -> 
     """Statistics and verdict of one generate-mode case at its share ``alpha_case`` of the family rate."""
     max_new_tokens = gens.emitted.shape[1]
     result = GenerateCaseResult(case.generator.display_name, case.warper_spec, "generate", case.scenario.name,
-                                max_new_tokens=max_new_tokens)
+                                max_new_tokens=max_new_tokens, route=setup.route, greedy=setup.greedy)
     result.samples = len(gens.rounds)
     result.seconds = gens.seconds
     result.samples_per_second = result.samples / gens.seconds if gens.seconds > 0 else None
@@ -313,16 +318,31 @@ def analyse(case: Case, setup: _Setup, gens: Generations, alpha_case: float) -> 
 
 
 def skip_reason(case: Case) -> str | None:
-    """Why generate mode cannot drive this case's generator (``None`` if it can)."""
+    """Why generate mode cannot drive this case's generator (``None`` if it can).
+
+    Skipped: a generator absent from the installed release; a factory (``module:function``: it builds
+    a generator from a :class:`~lossless_check.adapters.DraftContext`, not from what ``generate()``
+    passes); a drafter table the family cannot express (the adapter's ``drafter_kinds``); the
+    ``tiny-llama`` scenario for a family other than the assistant-model and prompt-lookup ones; and a
+    release whose ``generate()`` never builds the family.
+    """
     generator = case.generator
-    if generator.generator_class is None:
-        return f"{generator.adapter.name} is not in the installed transformers"
     name = generator.adapter.name
-    builtin_lookup = name == "PromptLookupCandidateGenerator" and generator.generator_class.__module__.startswith(
-        "transformers.")
-    if name != "AssistedCandidateGenerator" and not builtin_lookup:
-        return (f"generate mode drives the assistant_model and prompt-lookup paths (built-in prompt lookup only), "
-                f"not {generator.display_name}")
+    if name not in loop_models.FAMILIES:
+        return (f"generate() builds its own candidate generator; {generator.display_name} is not a built-in "
+                f"generator or a subclass of one (generate mode drives those)")
+    if generator.generator_class is None:
+        return f"{name} is not in the installed transformers"
+    scenario = case.scenario
+    if isinstance(scenario, TinyLlamaScenario):
+        if name not in (loop_models.ASSISTED, loop_models.PROMPT_LOOKUP):
+            return f"the {scenario.name} scenario has a Llama assistant: it drives the assistant-model and prompt-lookup paths, not {name}"
+    elif scenario.drafter.kind not in generator.adapter.drafter_kinds:
+        return f"a {scenario.drafter.kind} drafter table cannot drive {name}"
+    if loop_models.routes_in_generate(name) is False:
+        import transformers
+
+        return f"generate() of transformers {transformers.__version__} never builds {name}"
     return None
 
 
@@ -332,11 +352,11 @@ def run_generate_case(case: Case, samples: int, seed: int, alpha_case: float, se
 
     ``case.scenario`` is a fixed-logits :class:`~lossless_check.scenarios.Scenario` or a
     :class:`TinyLlamaScenario`; ``case.warpers`` are ``GenerationConfig`` keywords (``eos_token_id``
-    among them for EOS cases). Supported generators: ``AssistedCandidateGenerator`` (which
-    ``generate()`` picks itself for ``assistant_model=``) and its subclasses (wired in through
-    ``_get_candidate_generator``), and the built-in ``PromptLookupCandidateGenerator``
-    (``prompt_lookup_num_tokens=gamma``); other families are ``skipped``. Generator failures give
-    verdict ``error``. Generate mode is a fixed-sample test (``sequential`` is ignored).
+    among them for EOS cases). Every built-in family runs, picked by ``generate()`` itself (see
+    :mod:`.loop_models` for how), and any subclass of one (built where ``generate()`` builds its
+    base); what cannot run is ``skipped`` with its reason (:func:`skip_reason`). A failure inside
+    ``generate()`` gives verdict ``error``. Generate mode is a fixed-sample test (``sequential`` is
+    ignored).
 
     Assumptions: the ``samples`` calls are independent (each ``generate()`` builds a fresh candidate
     generator; the drafter uses a constant draft length). Then, for a lossless loop, the case is

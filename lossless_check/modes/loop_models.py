@@ -1,0 +1,428 @@
+"""The models of generate mode, one set per generator family, built so that ``generate()`` picks the family.
+
+Generate mode calls the unmodified ``target.generate(prompt, generation_config=..., **kwargs)``;
+``GenerationMixin._get_candidate_generator`` of the installed release then builds the candidate
+generator from what it is given, exactly as for a real model. Per family (5.24 ``generation/utils.py``
+``_get_candidate_generator``, same branches on every 5.x release that has the class):
+
+- ``AssistedCandidateGenerator``: ``assistant_model=`` a fixed-logits assistant (same vocabulary);
+- ``PromptLookupCandidateGenerator``: ``prompt_lookup_num_tokens=gamma`` in the config, no assistant;
+- ``EarlyExitCandidateGenerator``: ``assistant_early_exit`` in the config; the target is the
+  early-exit stub (drafter table below full depth);
+- ``SinglePositionMultiTokenCandidateGenerator``: an assistant whose class name starts with
+  ``Gemma4Assistant`` on a target whose name starts with ``Gemma4``, which returns
+  ``shared_kv_states`` and hidden states when asked;
+- ``MTPCandidateGenerator``: ``use_mtp=True``; the target has ``num_mtp_layers`` and MTP weights in
+  its (temporary) checkpoint, which ``MtpModel.from_pretrained`` loads at every ``generate()`` call;
+- ``DFlashTokenCandidateGenerator``: ``speculation_type="dflash"`` and the DFlash drafter stub as
+  ``assistant_model``;
+- ``UniversalSpeculativeDecodingGenerator``: ``do_sample=True``, an assistant over another
+  vocabulary, and ``tokenizer=`` / ``assistant_tokenizer=`` (two word-level tokenizers);
+- ``AssistedCandidateGeneratorDifferentTokenizers``: the same with ``do_sample=False``, the only
+  config for which ``generate()`` builds it: the reference is then plain greedy decoding.
+
+The stub models are the adapters' (:mod:`lossless_check.adapters`), so step and generate mode
+check the same drafters; the targets read their history from a real, croppable cache
+(:class:`~lossless_check.stubs.FixedLogitsLM`). Where a family reads the target's hidden states
+(MTP, DFlash, SinglePosition), the target returns them for every input position, whatever
+``logits_to_keep`` asks of the logits, as a real decoder does.
+
+A user subclass of a built-in generator is wired in by :func:`driving`: the target's
+``_get_candidate_generator`` builds the subclass with the arguments the installed release's
+``generate()`` gives its family (nothing of ``transformers`` is patched; the override lives on a
+subclass of the stub target).
+"""
+
+from __future__ import annotations
+
+import inspect
+import shutil
+import tempfile
+import weakref
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from transformers import GenerationMixin
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from ..adapters import DraftContext
+from ..adapters.assisted import assistant_for, constant_drafts
+from ..adapters.dflash import dflash_drafter_for
+from ..adapters.early_exit import EXIT_LAYER, FULL_DEPTH, EarlyExitFixedLogitsLM, early_exit_model_for
+from ..adapters.mtp import FixedLogitsMtpLM, _quiet_loading, mtp_target_for
+from ..adapters.single_position import FixedLogitsGemma4AssistantStub
+from ..adapters.vocabularies import assistant_lm, assistant_words, target_words, word_level_tokenizer
+from ..expected import REAL_PATH_DTYPE
+from ..stubs import FixedLogitsLM, fixed_logits_lm
+
+ASSISTED = "AssistedCandidateGenerator"
+PROMPT_LOOKUP = "PromptLookupCandidateGenerator"
+EARLY_EXIT = "EarlyExitCandidateGenerator"
+SINGLE_POSITION = "SinglePositionMultiTokenCandidateGenerator"
+MTP = "MTPCandidateGenerator"
+DFLASH = "DFlashTokenCandidateGenerator"
+UNIVERSAL = "UniversalSpeculativeDecodingGenerator"
+DIFFERENT_TOKENIZERS = "AssistedCandidateGeneratorDifferentTokenizers"
+
+#: How generate() is made to pick each family (reports show it).
+ROUTES = {
+    ASSISTED: "assistant_model=",
+    PROMPT_LOOKUP: "prompt_lookup_num_tokens",
+    EARLY_EXIT: "assistant_early_exit",
+    SINGLE_POSITION: "Gemma4Assistant assistant_model= on a Gemma4 target",
+    MTP: "use_mtp on a target with MTP layers",
+    DFLASH: "speculation_type='dflash'",
+    UNIVERSAL: "assistant_model= + tokenizer/assistant_tokenizer, do_sample=True",
+    DIFFERENT_TOKENIZERS: "assistant_model= + tokenizer/assistant_tokenizer, do_sample=False (greedy)",
+}
+FAMILIES = tuple(ROUTES)
+#: Families generate() builds only for greedy decoding: the reference law is a point mass.
+GREEDY_FAMILIES = (DIFFERENT_TOKENIZERS,)
+
+
+@dataclass
+class LoopModels:
+    """What one generate-mode case calls: ``target.generate(prompt, generation_config=config, **generate_kwargs)``.
+
+    ``config_fields`` are the ``GenerationConfig`` fields that route the family; ``counts_round()``
+    tells, inside a forward of ``target``, whether it is a verification pass (the early-exit target
+    also drafts for itself); ``keep`` holds what must live as long as the models (the MTP
+    checkpoint folder).
+    """
+
+    target: Any
+    generate_kwargs: dict = field(default_factory=dict)
+    config_fields: dict = field(default_factory=dict)
+    counts_round: Callable[[], bool] = lambda: True
+    keep: Any = None
+
+
+# --------------------------------------------------------------------------------------------------
+# Target stubs
+
+
+class FullHiddenStates:
+    """Mixin for a :class:`FixedLogitsLM`: hidden states at every input position, whatever ``logits_to_keep``.
+
+    ``generate()`` asks for the logits of the last position only (``logits_to_keep``), but a
+    generator that reads the target's hidden states (MTP, DFlash, SinglePosition) needs them for
+    every token the target just processed, as a real decoder returns them.
+    """
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, cache=None,
+                use_cache=None, output_hidden_states=None, logits_to_keep: int = 0, **kwargs):
+        out = super().forward(input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                              past_key_values=past_key_values, cache=cache, use_cache=use_cache,
+                              output_hidden_states=output_hidden_states, logits_to_keep=0, **kwargs)
+        if logits_to_keep:
+            out.logits = out.logits[:, -logits_to_keep:]
+        return out
+
+
+class FullHiddenStatesLM(FullHiddenStates, FixedLogitsLM):
+    """The fixed-logits target with hidden states at every position (DFlash's target)."""
+
+
+class FullHiddenStatesMtpLM(FullHiddenStates, FixedLogitsMtpLM):
+    """The adapter's MTP target stub with hidden states at every position."""
+
+
+@dataclass
+class SharedKVCausalLMOutput(CausalLMOutputWithPast):
+    """A causal-LM output with the ``shared_kv_states`` a Gemma 4 target returns for its assistant."""
+
+    shared_kv_states: dict | None = None
+
+
+class Gemma4FixedLogitsTarget(FullHiddenStates, FixedLogitsLM):
+    """Target stub named as ``generate()`` requires for a Gemma 4 assistant (``Gemma4...``).
+
+    Returns ``shared_kv_states`` (its cached keys and values) when asked, and zero hidden states: to
+    the assistant stub (:class:`~lossless_check.adapters.single_position.FixedLogitsGemma4AssistantStub`)
+    a zero hidden state means "no token drafted since the target ran".
+    """
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, cache=None,
+                use_cache=None, output_hidden_states=None, logits_to_keep: int = 0,
+                return_shared_kv_states: bool = False, **kwargs):
+        out = super().forward(input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                              past_key_values=past_key_values, cache=cache, use_cache=use_cache,
+                              output_hidden_states=output_hidden_states, logits_to_keep=logits_to_keep, **kwargs)
+        values = {f.name: getattr(out, f.name) for f in fields(out)}
+        if values.get("hidden_states") is not None:
+            values["hidden_states"] = tuple(torch.zeros_like(h) for h in values["hidden_states"])
+        if return_shared_kv_states:
+            kv = past_key_values if past_key_values is not None else cache
+            states = kv.layers[0].keys if kv is not None else input_ids.to(torch.float32)[:, None, :, None]
+            values["shared_kv_states"] = {"full_attention": (states, states)}
+        return SharedKVCausalLMOutput(**values)
+
+
+class Gemma4AssistantFixedLogits(FixedLogitsGemma4AssistantStub, GenerationMixin):
+    """The adapter's Gemma 4 assistant stub under a name ``generate()`` routes (``Gemma4Assistant...``).
+
+    A generation model, as the real ``Gemma4AssistantForCausalLM`` is: releases 5.10-5.18 build the
+    generator on ``AssistedCandidateGenerator``, whose constructor asks the assistant
+    ``_supports_logits_to_keep()`` when ``generate()``'s model kwargs hold ``logits_to_keep``.
+    """
+
+
+class EarlyExitLoopLM(EarlyExitFixedLogitsLM):
+    """The adapter's early-exit stub, writing every layer it runs into the cache, as a real decoder does.
+
+    ``DynamicCache(config=...)`` holds one layer per ``config.num_hidden_layers``: at full depth the
+    target writes them all; while drafting (depth lowered to the exit layer) only the layers below
+    the exit are written, as in a LayerSkip model running ``layers[:num_hidden_layers]``.
+    """
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, cache=None,
+                use_cache=None, output_hidden_states=None, logits_to_keep: int = 0, **kwargs):
+        out = super().forward(input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                              past_key_values=past_key_values, cache=cache, use_cache=use_cache,
+                              output_hidden_states=output_hidden_states, logits_to_keep=logits_to_keep, **kwargs)
+        kv = past_key_values if past_key_values is not None else cache
+        if kv is not None:
+            states = input_ids.to(torch.float32)[:, None, :, None]
+            for layer in range(1, self.model.config.num_hidden_layers):  # layer 0: FixedLogitsLM.forward
+                kv.update(states, states, layer)
+        return out
+
+
+def _rebuilt(model, cls):
+    """``model`` (a fixed-logits stub) as an instance of ``cls``: same config, weights and generation config."""
+    rebuilt = cls(model.config).eval()
+    rebuilt.load_state_dict(model.state_dict())
+    rebuilt.generation_config = model.generation_config
+    return rebuilt
+
+
+# --------------------------------------------------------------------------------------------------
+# Families
+
+
+def _assisted(ctx: DraftContext) -> LoopModels:
+    return LoopModels(ctx.target, {"assistant_model": assistant_for(ctx)})
+
+
+def _prompt_lookup(ctx: DraftContext) -> LoopModels:
+    return LoopModels(ctx.target, config_fields={"prompt_lookup_num_tokens": ctx.scenario.gamma})
+
+
+def _early_exit(ctx: DraftContext) -> LoopModels:
+    target = early_exit_model_for(ctx)
+    target.__class__ = EarlyExitLoopLM  # adds behaviour only: same modules and weights
+    # The target drafts for itself at lowered depth: only its full-depth forwards verify.
+    return LoopModels(target, config_fields={"assistant_early_exit": EXIT_LAYER},
+                      counts_round=lambda: target.model.config.num_hidden_layers >= FULL_DEPTH)
+
+
+def _single_position(ctx: DraftContext) -> LoopModels:
+    scenario = ctx.scenario
+    plain_target = fixed_logits_lm(scenario.target, prompt_length=len(scenario.prompt))
+    plain_assistant = fixed_logits_lm(scenario.drafter, prompt_length=len(scenario.prompt),
+                                      **constant_drafts(scenario.gamma))
+    assistant = Gemma4AssistantFixedLogits(plain_assistant.config).eval()
+    assistant.generation_config = plain_assistant.generation_config
+    return LoopModels(_rebuilt(plain_target, Gemma4FixedLogitsTarget), {"assistant_model": assistant})
+
+
+def _mtp(ctx: DraftContext) -> LoopModels:
+    # MtpModel.from_pretrained reads the MTP weights from the target's checkpoint folder at every
+    # generate() call (the generator is built per call): the folder lives as long as the target.
+    folder = tempfile.mkdtemp(prefix="lossless-check-mtp-")
+    saved = mtp_target_for(ctx, folder)
+    target = _rebuilt(saved, FullHiddenStatesMtpLM)
+    target._weight_conversions = saved._weight_conversions
+    weakref.finalize(target, shutil.rmtree, folder, True)
+    return LoopModels(target, config_fields={"use_mtp": True}, keep=folder)
+
+
+def _dflash(ctx: DraftContext) -> LoopModels:
+    target = _rebuilt(ctx.target, FullHiddenStatesLM)
+    return LoopModels(target, {"assistant_model": dflash_drafter_for(ctx)}, {"speculation_type": "dflash"})
+
+
+def _two_tokenizers(ctx: DraftContext, greedy: bool) -> LoopModels:
+    scenario = ctx.scenario
+    vocab = scenario.vocab_size
+    assistant = assistant_lm(scenario.drafter, prompt_length=len(scenario.prompt), vocab_size=vocab,
+                             **constant_drafts(scenario.gamma))
+    kwargs = {"assistant_model": assistant, "tokenizer": word_level_tokenizer(target_words(vocab)),
+              "assistant_tokenizer": word_level_tokenizer(assistant_words(vocab))}
+    return LoopModels(ctx.target, kwargs, {"do_sample": False} if greedy else {})
+
+
+BUILDERS: dict[str, Callable[[DraftContext], LoopModels]] = {
+    ASSISTED: _assisted,
+    PROMPT_LOOKUP: _prompt_lookup,
+    EARLY_EXIT: _early_exit,
+    SINGLE_POSITION: _single_position,
+    MTP: _mtp,
+    DFLASH: _dflash,
+    UNIVERSAL: lambda ctx: _two_tokenizers(ctx, greedy=False),
+    DIFFERENT_TOKENIZERS: lambda ctx: _two_tokenizers(ctx, greedy=True),
+}
+
+
+def loop_models(family: str, ctx: DraftContext) -> LoopModels:
+    """The models and ``generate()`` arguments that make ``generate()`` build ``family`` (a built-in name).
+
+    ``ctx.generator_class`` is the class under test: the built-in itself is left to ``generate()``
+    to pick; a subclass is wired in by :func:`driving`.
+    """
+    with _quiet_loading():
+        models = BUILDERS[family](ctx)
+    base = installed_class(family)
+    if ctx.generator_class is not base:
+        models.target = driving(models.target, ctx.generator_class, base)
+    return models
+
+
+def installed_class(name: str):
+    """The built-in generator class ``name`` of the installed release (``None`` if absent)."""
+    from transformers.generation import candidate_generator
+
+    return getattr(candidate_generator, name, None)
+
+
+def routes_in_generate(family: str) -> bool | None:
+    """Whether the installed ``generate()`` can build ``family`` (``None``: its source cannot be read)."""
+    from transformers import GenerationMixin
+
+    try:
+        source = inspect.getsource(GenerationMixin._get_candidate_generator)
+    except (OSError, TypeError):
+        return None
+    return f"{family}(" in source
+
+
+# --------------------------------------------------------------------------------------------------
+# User subclasses
+
+
+def _constructor_arguments(model, given: dict[str, Any]) -> dict[str, Callable[[], Any]]:
+    """What ``_get_candidate_generator`` passes a family's constructor, by parameter name (lazily)."""
+    config = given["generation_config"]
+
+    def translator():
+        from transformers.generation.candidate_generator import AssistantVocabTranslatorCache
+
+        translated = AssistantVocabTranslatorCache.get_translator(
+            given["target_tokenizer"], given["assistant_tokenizer"], model.config.get_text_config().vocab_size,
+            assistant_model=given["assistant_model"], assistant_prune_lm_head=True)
+        # As generate() does: a pruned head's logits are not indexed by token id.
+        given["assistant_model"].generation_config.repetition_penalty = None
+        return translated
+
+    return {
+        "input_ids": lambda: given["input_ids"],
+        "inputs_tensor": lambda: given["inputs_tensor"],
+        "generation_config": lambda: config,
+        "model_kwargs": lambda: given["model_kwargs"],
+        "logits_processor": lambda: given["logits_processor"],
+        "assistant_model": lambda: model if config.assistant_early_exit is not None else given["assistant_model"],
+        "main_model": lambda: model,
+        "target_tokenizer": lambda: given["target_tokenizer"],
+        "assistant_tokenizer": lambda: given["assistant_tokenizer"],
+        "atm_translator": translator,
+        "target_model_input_embeddings": model.get_input_embeddings,
+        "main_model_input_embeddings": model.get_input_embeddings,
+        "main_model_output_embeddings": model.get_output_embeddings,
+        "eos_token_id": lambda: getattr(config, "_eos_token_tensor", None),
+        "num_output_tokens": lambda: config.prompt_lookup_num_tokens,
+        "max_matching_ngram_size": lambda: config.max_matching_ngram_size or 2,
+        "max_length": lambda: config.max_length,
+        "vocab_size": lambda: model.config.get_text_config().vocab_size,
+    }
+
+
+def driving(target, generator_class: type, base: type):
+    """``target``, its class swapped for a subclass whose ``generate()`` drafts with ``generator_class``.
+
+    ``generator_class`` subclasses the built-in ``base``; it is built with the arguments the
+    installed ``generate()`` gives ``base`` (the parameters of ``base.__init__`` on this release,
+    by name), where ``generate()`` would have built ``base``.
+    """
+    from transformers import GenerationMixin
+
+    signature = inspect.signature(GenerationMixin._get_candidate_generator)
+    wanted = [name for name, p in inspect.signature(base.__init__).parameters.items()
+              if name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+    def _get_candidate_generator(self, *args, **kwargs):
+        given = signature.bind(self, *args, **kwargs)
+        given.apply_defaults()
+        pool = _constructor_arguments(self, dict(given.arguments))
+        return generator_class(**{name: pool[name]() for name in wanted if name in pool})
+
+    target.__class__ = type(f"{type(target).__name__}Drafting{generator_class.__name__}", (type(target),),
+                            {"_get_candidate_generator": _get_candidate_generator})
+    return target
+
+
+# --------------------------------------------------------------------------------------------------
+# Greedy reference
+
+
+class _Captured(Exception):
+    def __init__(self, processors, generation_config):
+        super().__init__("captured")
+        self.processors = processors
+        self.generation_config = generation_config
+
+
+def capture_greedy_processors(model, prompt_ids, warpers: dict[str, Any], max_new_tokens: int):
+    """``(LogitsProcessorList, GenerationConfig)`` that ``generate()`` builds for ``do_sample=False`` and ``warpers``.
+
+    As :func:`lossless_check.warpers.capture_processors`, for greedy decoding: a throwaway subclass
+    of ``type(model)`` stops in the decoding loop and hands back what ``generate()`` prepared.
+    """
+    from transformers import GenerationConfig, LogitsProcessorList
+
+    def _sample(self, *args, **kwargs):
+        values = list(args) + list(kwargs.values())
+        raise _Captured(next(v for v in values if isinstance(v, LogitsProcessorList)),
+                        next(v for v in values if isinstance(v, GenerationConfig)))
+
+    probe = type(f"_GreedyCapture{type(model).__name__}", (type(model),), {"_sample": _sample})(model.config)
+    probe.generation_config = model.generation_config
+    try:
+        probe.generate(prompt_ids, generation_config=GenerationConfig(**{**warpers, "do_sample": False,
+                                                                          "max_new_tokens": max_new_tokens}))
+    except _Captured as captured:
+        return captured.processors, captured.generation_config
+    raise RuntimeError("generate() did not reach the decoding loop")
+
+
+class GreedyLaws:
+    """Plain greedy decoding's next-token law after ``prompt + prefix``: a point mass on the argmax.
+
+    The argmax of the target's processed logits, in the real path's dtype, first index on ties (as
+    ``torch.argmax`` in ``_sample`` and ``_assisted_decoding``).
+    """
+
+    def __init__(self, scenario, processors):
+        self.scenario = scenario
+        self.processors = processors
+        self._cache: dict[tuple[int, ...], np.ndarray] = {}
+
+    def target(self, prefix: tuple[int, ...] = ()) -> np.ndarray:
+        prefix = tuple(prefix)
+        law = self._cache.get(prefix)
+        if law is None:
+            history = self.scenario.prompt + prefix
+            logits = torch.tensor(self.scenario.target.logits(len(prefix), history[-1]), dtype=REAL_PATH_DTYPE)[None]
+            if self.processors is not None and len(self.processors) > 0:
+                logits = self.processors(torch.tensor([history], dtype=torch.long), logits)
+            law = np.zeros(self.scenario.vocab_size)
+            law[int(torch.argmax(logits[0]))] = 1.0
+            law.setflags(write=False)
+            self._cache[prefix] = law
+        return law
+
+
+__all__ = ["FAMILIES", "GREEDY_FAMILIES", "GreedyLaws", "LoopModels", "ROUTES", "capture_greedy_processors", "driving",
+           "installed_class",
+           "loop_models", "routes_in_generate"]
