@@ -36,8 +36,8 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
     """Run ``generator_spec`` over a warper matrix, write the three reports into ``out_dir``, return the exit code.
 
     ``modes`` are :data:`lossless_check.modes.MODES`; by default every mode that applies: ``all``
-    (the statistical step mode with the exact provenance sub-verdict beside it) and, for generators
-    ``generate()`` can drive through ``assistant_model=``, ``generate``. The exit code is
+    (the statistical step mode with the exact provenance sub-verdict beside it) and ``generate`` (the
+    real loop; cases generate mode cannot drive are ``skipped`` with the reason). The exit code is
     :attr:`RunResult.exit_code` (0 every case lossless, 1 otherwise). Bad
     input raises :class:`lossless_check.errors.UsageError`. ``return_result``: return
     ``(RunResult, exit code)`` instead.
@@ -49,7 +49,7 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
 
     generator = resolve_generator(generator_spec)
     if modes is None:
-        modes = ("all", "generate") if generator.adapter.name == "AssistedCandidateGenerator" else ("all",)
+        modes = ("all", "generate")
     cases = [Case(generator, stack, mode, resolve_scenario(scenario, mode)) for mode in modes
              for stack in matrix(matrix_name)]
     if hasattr(progress, "set_total"):

@@ -175,6 +175,9 @@ class FixedLogitsLM(PreTrainedModel, GenerationMixin):
     ) -> CausalLMOutputWithPast:
         # Releases from 5.24 name the argument ``cache``; earlier ones ``past_key_values``.
         past_key_values = past_key_values if past_key_values is not None else cache
+        if past_key_values is None and use_cache:
+            # As a real decoder does (5.0 leaves creating the cache to the model: LlamaModel.forward).
+            past_key_values = DynamicCache()
         batch, new_len = input_ids.shape
         past_len = past_key_values.get_seq_length() if past_key_values is not None else 0
         history = input_ids
