@@ -30,8 +30,12 @@ DEFAULT_SCENARIO = "markov8"
 
 def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers: int = 1,
               progress: Callable[[int], None] | None = None, sequential: bool = True,
-              timeout: float = CHUNK_TIMEOUT, batch_size: int | None = None) -> RunResult:
+              timeout: float = CHUNK_TIMEOUT, batch_size: int | None = None,
+              samples_by_mode: dict[str, int] | None = None) -> RunResult:
     """Run cases of any mode on one engine; the family-wise decision covers every statistical case.
+
+    ``samples_by_mode`` overrides ``samples`` for the cases of a mode (the gate runs the slower
+    generate mode at fewer trials; each case states its own ``tv_detectable``).
 
     ``progress(trials)`` is called as each case completes, with the trials it ran. Results do not depend on ``workers``.
     """
@@ -40,8 +44,9 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
     alpha_case = alpha / max(1, sum(statistical))
     tasks = [replace(c, mode="step") if c.mode == "all" else c for c in cases]
     with Engine(workers) as engine:
-        results = engine.map(run_case, [(t, samples, seed, alpha_case, sequential, timeout, batch_size) for t in tasks],
-                             progress)
+        planned = [(samples_by_mode or {}).get(t.mode, samples) for t in tasks]
+        results = engine.map(run_case, [(t, n, seed, alpha_case, sequential, timeout, batch_size)
+                                        for t, n in zip(tasks, planned)], progress)
     decide([r for r, s in zip(results, statistical) if s], alpha)
     for case, task, result in zip(cases, tasks, results):
         if case.mode == "all":

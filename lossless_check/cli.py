@@ -73,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--generator", required=True, metavar="NAME|module:attr")
     gate.add_argument("--out", default="lossless-gate", metavar="DIR", help="report directory (default lossless-gate)")
     gate.add_argument("--matrix", choices=MATRICES, default="default", help="warper stacks (default: default)")
+    gate.add_argument("--generate-samples", type=positive_int, default=400, metavar="N",
+                      help="trials per generate-mode case (the real loop, one sequence at a time; default 400)")
     _common(gate, f"trials per case (default {DEFAULT_SAMPLES})")
     mutants = sub.add_parser("mutants", help="mutation self-test: every mutant of fixtures/mutants (run from the repo root)")
     mutants.add_argument("--samples", type=positive_int, default=DEFAULT_SAMPLES, help="most trials per mutant")
@@ -152,7 +154,8 @@ def _gate(args) -> int:
     with progress_reporter(None, args.quiet) as advance:
         result, code = gate(args.generator, args.out, matrix_name=args.matrix, samples=args.samples, alpha=args.alpha,
                             seed=args.seed, scenario=args.scenario, workers=args.workers, sequential=not args.fixed,
-                            progress=advance, batch_size=args.batch_size, return_result=True)
+                            progress=advance, batch_size=args.batch_size, return_result=True,
+                            generate_samples=args.generate_samples)
     from .report import print_table
 
     print_table(result)
