@@ -160,7 +160,8 @@ def _gate(args) -> int:
 
     print_table(result)
     reports = ", ".join(str(Path(args.out) / name) for name in ("report.json", "report.md", "report.html"))
-    Console().print(f"gate {'passed' if code == 0 else 'failed'} (exit {code}); reports: {reports}", highlight=False)
+    Console(soft_wrap=True).print(f"gate {'passed' if code == 0 else 'failed'} (exit {code}); reports: {reports}",
+                                  highlight=False)
     return code
 
 

@@ -104,7 +104,7 @@ def test_gate_prints_the_verdict_table_and_where_the_reports_are(tmp_path, capsy
                  "--scenario", "iid8", "--out", str(out) + "/", "--quiet"])
     assert code == 0
     printed = capsys.readouterr().out
-    assert "verdict" in printed and "DFlashTokenCandidateGenerator" in printed and "3 lossless" in printed
+    assert "verdict" in printed and "DFlashTokenCandidateGenerator" in printed and "6 lossless" in printed  # step, generate
     assert f"{out}/report.json" in printed and "//" not in printed.replace("://", "")
     assert (out / "report.md").exists()
 
