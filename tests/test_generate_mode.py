@@ -316,3 +316,22 @@ def test_what_generate_mode_cannot_drive_is_skipped_with_its_reason(spec, scenar
         pytest.skip("generator absent from this release")
     result = generate_case(spec, {}, scenario, samples=10)
     assert result.verdict == "skipped" and words in result.reason, result.reason
+
+
+def test_dflash_drafts_past_max_length_and_the_verifier_then_fails_under_no_repeat_ngram():
+    """A transformers defect (5.24.0 ``generation/candidate_generator.py``): DFlash computes
+    ``max_new_tokens = min(block_size, max_length - len - 1)`` (line 1587) but uses it only to skip
+    a round when it is <= 0 (line 1588); the block always drafts ``block_size - 1`` tokens (lines
+    1540, 1627). Near ``max_length`` the candidates run past it, the target is scored there, and
+    with ``no_repeat_ngram_size=1`` over a vocabulary of 8 every token is banned at the last
+    position: ``_speculative_sampling`` samples from a NaN law and ``generate()`` raises. Plain
+    sampling stops at ``max_length`` and never gets there. The harness reports it as ``error``.
+    """
+    import transformers
+
+    installed = tuple(int(x) for x in transformers.__version__.split(".")[:2])
+    if installed < (5, 18):
+        pytest.skip("examined on 5.18-5.24 (5.15-5.17 verify with is_done_candidate and crop differently)")
+    result = generate_case("DFlashTokenCandidateGenerator", {"no_repeat_ngram_size": 1}, DEFAULT, samples=300)
+    assert result.verdict == "error", result.reason
+    assert "probability tensor contains either `inf`, `nan`" in result.reason
