@@ -119,3 +119,30 @@ def first_token_law(p: np.ndarray, q_sampled: np.ndarray, q_returned: np.ndarray
     if residual.sum() > 0:
         return accepted + rejected * residual / residual.sum()
     return accepted / accepted.sum()
+
+
+class GreedyLaws:
+    """Plain greedy decoding's next-token law after ``prompt + prefix``: a point mass on the argmax.
+
+    The argmax of the target's processed logits, in the real path's dtype, first index on ties (as
+    ``torch.argmax`` in ``_sample`` and ``_assisted_decoding``).
+    """
+
+    def __init__(self, scenario, processors):
+        self.scenario = scenario
+        self.processors = processors
+        self._cache: dict[tuple[int, ...], np.ndarray] = {}
+
+    def target(self, prefix: tuple[int, ...] = ()) -> np.ndarray:
+        prefix = tuple(prefix)
+        law = self._cache.get(prefix)
+        if law is None:
+            history = self.scenario.prompt + prefix
+            logits = torch.tensor(self.scenario.target.logits(len(prefix), history[-1]), dtype=REAL_PATH_DTYPE)[None]
+            if self.processors is not None and len(self.processors) > 0:
+                logits = self.processors(torch.tensor([history], dtype=torch.long), logits)
+            law = np.zeros(self.scenario.vocab_size)
+            law[int(torch.argmax(logits[0]))] = 1.0
+            law.setflags(write=False)
+            self._cache[prefix] = law
+        return law

@@ -138,7 +138,7 @@ class _Captured(Exception):
         self.generation_config = generation_config
 
 
-def capture_processors(model, prompt_ids, warpers: dict[str, Any], max_new_tokens: int):
+def capture_processors(model, prompt_ids, warpers: dict[str, Any], max_new_tokens: int, do_sample: bool = True):
     """Run ``model.generate`` until it starts sampling; return its ``(LogitsProcessorList, GenerationConfig)``.
 
     ``model`` must be a :class:`~lossless_check.stubs.FixedLogitsLM`; the capture uses a throwaway
@@ -157,7 +157,7 @@ def capture_processors(model, prompt_ids, warpers: dict[str, Any], max_new_token
     capture_cls = type(f"_Capture{base.__name__}", (base,), {"_sample": _sample})
     probe = capture_cls(model.config)
     probe.generation_config = model.generation_config
-    config = GenerationConfig(do_sample=True, max_new_tokens=max_new_tokens, **warpers)
+    config = GenerationConfig(**{**warpers, "do_sample": do_sample, "max_new_tokens": max_new_tokens})
     try:
         probe.generate(prompt_ids, generation_config=config)
     except _Captured as captured:

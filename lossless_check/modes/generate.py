@@ -48,7 +48,7 @@ from ..adapters.assisted import constant_drafts
 from ..analysis import position_tests
 from ..engine import guarded, run_in_chunks
 from ..errors import GeneratorFailure
-from ..expected import ExactLaws
+from ..expected import ExactLaws, GreedyLaws
 from ..results import Case, CaseResult, one_line
 from ..stats import Stratum
 from ..stubs import fixed_logits_lm
@@ -215,8 +215,8 @@ def _setup(case: Case, max_new_tokens: int) -> _Setup:
     plain = fixed_logits_lm(scenario.target, prompt_length=len(scenario.prompt))
     greedy = family in loop_models.GREEDY_FAMILIES
     if greedy:
-        processors, prepared = loop_models.capture_greedy_processors(plain, prompt_ids, case.warpers, max_new_tokens)
-        law = loop_models.GreedyLaws(scenario, processors).target
+        processors, prepared = capture_processors(plain, prompt_ids, case.warpers, max_new_tokens, do_sample=False)
+        law = GreedyLaws(scenario, processors).target
     else:
         processors, prepared = capture_processors(plain, prompt_ids, case.warpers, max_new_tokens)
         law = ExactLaws(scenario, processors).target

@@ -42,7 +42,6 @@ import weakref
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
-import numpy as np
 import torch
 from transformers import GenerationMixin
 from transformers.modeling_outputs import CausalLMOutputWithPast
@@ -54,7 +53,6 @@ from ..adapters.early_exit import EXIT_LAYER, FULL_DEPTH, EarlyExitFixedLogitsLM
 from ..adapters.mtp import FixedLogitsMtpLM, _quiet_loading, mtp_target_for
 from ..adapters.single_position import FixedLogitsGemma4AssistantStub
 from ..adapters.vocabularies import assistant_lm, assistant_words, target_words, word_level_tokenizer
-from ..expected import REAL_PATH_DTYPE
 from ..stubs import FixedLogitsLM, fixed_logits_lm
 
 ASSISTED = "AssistedCandidateGenerator"
@@ -362,67 +360,5 @@ def driving(target, generator_class: type, base: type):
     return target
 
 
-# --------------------------------------------------------------------------------------------------
-# Greedy reference
-
-
-class _Captured(Exception):
-    def __init__(self, processors, generation_config):
-        super().__init__("captured")
-        self.processors = processors
-        self.generation_config = generation_config
-
-
-def capture_greedy_processors(model, prompt_ids, warpers: dict[str, Any], max_new_tokens: int):
-    """``(LogitsProcessorList, GenerationConfig)`` that ``generate()`` builds for ``do_sample=False`` and ``warpers``.
-
-    As :func:`lossless_check.warpers.capture_processors`, for greedy decoding: a throwaway subclass
-    of ``type(model)`` stops in the decoding loop and hands back what ``generate()`` prepared.
-    """
-    from transformers import GenerationConfig, LogitsProcessorList
-
-    def _sample(self, *args, **kwargs):
-        values = list(args) + list(kwargs.values())
-        raise _Captured(next(v for v in values if isinstance(v, LogitsProcessorList)),
-                        next(v for v in values if isinstance(v, GenerationConfig)))
-
-    probe = type(f"_GreedyCapture{type(model).__name__}", (type(model),), {"_sample": _sample})(model.config)
-    probe.generation_config = model.generation_config
-    try:
-        probe.generate(prompt_ids, generation_config=GenerationConfig(**{**warpers, "do_sample": False,
-                                                                          "max_new_tokens": max_new_tokens}))
-    except _Captured as captured:
-        return captured.processors, captured.generation_config
-    raise RuntimeError("generate() did not reach the decoding loop")
-
-
-class GreedyLaws:
-    """Plain greedy decoding's next-token law after ``prompt + prefix``: a point mass on the argmax.
-
-    The argmax of the target's processed logits, in the real path's dtype, first index on ties (as
-    ``torch.argmax`` in ``_sample`` and ``_assisted_decoding``).
-    """
-
-    def __init__(self, scenario, processors):
-        self.scenario = scenario
-        self.processors = processors
-        self._cache: dict[tuple[int, ...], np.ndarray] = {}
-
-    def target(self, prefix: tuple[int, ...] = ()) -> np.ndarray:
-        prefix = tuple(prefix)
-        law = self._cache.get(prefix)
-        if law is None:
-            history = self.scenario.prompt + prefix
-            logits = torch.tensor(self.scenario.target.logits(len(prefix), history[-1]), dtype=REAL_PATH_DTYPE)[None]
-            if self.processors is not None and len(self.processors) > 0:
-                logits = self.processors(torch.tensor([history], dtype=torch.long), logits)
-            law = np.zeros(self.scenario.vocab_size)
-            law[int(torch.argmax(logits[0]))] = 1.0
-            law.setflags(write=False)
-            self._cache[prefix] = law
-        return law
-
-
-__all__ = ["FAMILIES", "GREEDY_FAMILIES", "GreedyLaws", "LoopModels", "ROUTES", "capture_greedy_processors", "driving",
-           "installed_class",
-           "loop_models", "routes_in_generate"]
+__all__ = ["FAMILIES", "GREEDY_FAMILIES", "LoopModels", "ROUTES", "driving", "installed_class", "loop_models",
+           "routes_in_generate"]
