@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..stubs import fixed_logits_lm
 from .base import DraftContext, FunctionSession, GeneratorAdapter
-from .rounds import first_round
+from .rounds import first_assisted_round
 
 
 def constant_drafts(gamma: int) -> dict:
@@ -37,14 +37,7 @@ class AssistedAdapter(GeneratorAdapter):
             # assistant model is shared: it holds no state between calls (its cache lives in the
             # generator). Reusing one generator with the same prompt again and again is a sequence
             # of calls _assisted_decoding never makes.
-            generator = ctx.generator_class(
-                input_ids=input_ids,
-                assistant_model=assistant,
-                generation_config=ctx.generation_config,
-                model_kwargs={"use_cache": True},
-                inputs_tensor=input_ids,
-                logits_processor=ctx.processors,
-            )
-            return first_round(generator, input_ids)
+            return first_assisted_round(ctx.generator_class, input_ids, ctx.generation_config, ctx.processors,
+                                        assistant_model=assistant)
 
         return FunctionSession(draft)

@@ -14,7 +14,7 @@ import copy
 
 from .assisted import constant_drafts
 from .base import DraftContext, FunctionSession, GeneratorAdapter
-from .rounds import first_round
+from .rounds import first_assisted_round
 from .vocabularies import assistant_lm, assistant_words, target_words, tokenizer_pair, word_level_tokenizer
 
 
@@ -46,16 +46,8 @@ class DifferentTokenizersAdapter(GeneratorAdapter):
         def draft(input_ids):
             # A fresh generator per call (its first drafting round) around the session's models
             # and tokenizers.
-            generator = ctx.generator_class(
-                input_ids=input_ids,
-                assistant_model=assistant,
-                target_tokenizer=target_tokenizer,
-                assistant_tokenizer=assistant_tokenizer,
-                generation_config=generation_config,
-                model_kwargs={"use_cache": True},
-                inputs_tensor=input_ids,
-                logits_processor=ctx.processors,
-            )
-            return first_round(generator, input_ids)
+            return first_assisted_round(ctx.generator_class, input_ids, generation_config, ctx.processors,
+                                        assistant_model=assistant, target_tokenizer=target_tokenizer,
+                                        assistant_tokenizer=assistant_tokenizer)
 
         return FunctionSession(draft)

@@ -17,7 +17,7 @@ from torch import nn
 
 from ..stubs import FixedLogitsLM, fixed_logits_lm
 from .base import DraftContext, FunctionSession, GeneratorAdapter, installed_release
-from .rounds import first_round
+from .rounds import first_assisted_round
 
 #: Depth of the stub "at full depth" and the layer the generator exits after.
 FULL_DEPTH = 2
@@ -82,14 +82,7 @@ class EarlyExitAdapter(GeneratorAdapter):
             # depth only while it drafts and restores it before returning (not when it raises: a
             # failed call must not leave the next one drafting from a lowered depth).
             model.model.config.num_hidden_layers = FULL_DEPTH
-            generator = ctx.generator_class(
-                input_ids=input_ids,
-                assistant_model=model,
-                generation_config=generation_config,
-                model_kwargs={"use_cache": True},
-                inputs_tensor=input_ids,
-                logits_processor=ctx.processors,
-            )
-            return first_round(generator, input_ids)
+            return first_assisted_round(ctx.generator_class, input_ids, generation_config, ctx.processors,
+                                        assistant_model=model)
 
         return FunctionSession(draft)

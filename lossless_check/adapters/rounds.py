@@ -32,3 +32,13 @@ def first_round(generator, input_ids: torch.LongTensor) -> tuple:
     if takes:
         return generator.get_candidates(input_ids, is_first_iteration=True)
     return generator.get_candidates(input_ids)
+
+
+def first_assisted_round(generator_class, input_ids: torch.LongTensor, generation_config, processors,
+                         **arguments) -> tuple:
+    """A fresh generator of the ``AssistedCandidateGenerator`` family, built with the arguments
+    ``generate()`` passes it (plus the family's own ``arguments``), and its first round."""
+    generator = generator_class(input_ids=input_ids, generation_config=generation_config,
+                                model_kwargs={"use_cache": True}, inputs_tensor=input_ids,
+                                logits_processor=processors, **arguments)
+    return first_round(generator, input_ids)

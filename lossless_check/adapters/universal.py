@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .assisted import constant_drafts
 from .base import DraftContext, FunctionSession, GeneratorAdapter
-from .rounds import first_round
+from .rounds import first_assisted_round
 from .vocabularies import assistant_lm, assistant_words, target_words, tokenizer_pair, word_level_tokenizer, vocabulary_order
 
 
@@ -58,17 +58,8 @@ class UniversalAdapter(GeneratorAdapter):
         def draft(input_ids):
             # A fresh generator per trial: each trial is the first drafting round after the prompt.
             # The translator (and the pruned assistant) are shared, as generate() caches them.
-            generator = ctx.generator_class(
-                input_ids=input_ids,
-                assistant_model=assistant,
-                target_tokenizer=target_tokenizer,
-                assistant_tokenizer=assistant_tokenizer,
-                generation_config=ctx.generation_config,
-                model_kwargs={"use_cache": True},
-                atm_translator=translator,
-                inputs_tensor=input_ids,
-                logits_processor=ctx.processors,
-            )
-            return first_round(generator, input_ids)
+            return first_assisted_round(ctx.generator_class, input_ids, ctx.generation_config, ctx.processors,
+                                        assistant_model=assistant, target_tokenizer=target_tokenizer,
+                                        assistant_tokenizer=assistant_tokenizer, atm_translator=translator)
 
         return FunctionSession(draft)
