@@ -117,7 +117,7 @@ class CaseResult:
                 f"output law at position {p['position']}: TV {p['tv']:.4f} > threshold {p['tv_threshold']:.4f} "
                 f"(p={p['p_value']:.2g}, n={p['samples']})"
             )
-        if self.verdict == "not_lossless" and not parts:
+        if self.verdict == "not_lossless" and not parts and not self.exact_failure:
             # Holm rejected the case's combined p-value without any single check at its own level.
             worst = min(self.positions, key=lambda p: p["p_value"]) if self.positions else None
             where = f"; smallest at position {worst['position']} (TV {worst['tv']:.4f})" if worst else ""
