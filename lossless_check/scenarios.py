@@ -7,7 +7,7 @@ single token dominates, and mass is spread over more tokens than ``top_k=3`` kee
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -101,12 +101,9 @@ FAST_TOKENIZERS = Scenario(
 )
 
 #: The control of :data:`FAST_TOKENIZERS`: the same tokenizers with ``get_vocab()`` in id order.
-ID_ORDERED_VOCAB = Scenario(
+ID_ORDERED_VOCAB = replace(
+    FAST_TOKENIZERS,
     name="iid32-id-ordered-vocab",
-    target=_IID32_TARGET,
-    drafter=_IID32_DRAFTER,
-    prompt=(3, 1, 4),
-    gamma=3,
     tokenizers="id-ordered",
     description="control of iid32-fast-tokenizers: the same tokenizers, get_vocab() in id order",
 )

@@ -174,7 +174,9 @@ class StepCase:
                            else [gamma])
                 # As _assisted_decoding: the verifier gets candidate_logits in the dtype returned.
                 q_of_drafts = torch.softmax(candidate_logits, dim=-1).gather(-1, candidate_ids[:, length:, None])[..., 0]
-                zero = (q_of_drafts == 0).numpy()
+                drafted = np.arange(gamma) < np.asarray(lengths)[:, None]
+                impossible[t : t + rows] = ((q_of_drafts == 0).numpy() & drafted).sum(axis=1)
+                drafts[t : t + rows] = lengths
                 for r in range(rows):
                     g = lengths[r]
                     candidates = candidate_ids[r : r + 1, : length + g]
@@ -182,7 +184,7 @@ class StepCase:
                                                   self.target_logits(candidates))
                     tokens = valid_tokens[0].numpy()
                     emitted[t, : len(tokens)] = tokens
-                    n_matches[t], drafts[t], impossible[t] = int(n), g, int(zero[r, :g].sum())
+                    n_matches[t] = int(n)
                     t += 1
         return Observations(emitted, n_matches, drafts, impossible, arm, time.perf_counter() - started)
 
