@@ -14,7 +14,7 @@ from fixtures.mutants.loop_mutants import LOOP_SCENARIO
 from lossless_check.adapters import resolve_generator
 from lossless_check.expected import ExactLaws, first_token_law
 from lossless_check.modes.generate import (TINY_LLAMA, Generations, _setup, analyse, run_generate_case,
-                                           stopping_violations, tiny_llama_pair)
+                                           stopping_violation, tiny_llama_pair)
 from lossless_check.modes.loop_models import (DFLASH, DIFFERENT_TOKENIZERS, EARLY_EXIT, MTP, PROMPT_LOOKUP,
                                               SINGLE_POSITION, UNIVERSAL)
 from lossless_check.api import run_cases as run
@@ -104,11 +104,11 @@ def test_loop_mutant_passes_step_mode_but_fails_generate_mode():
 
 def test_stopping_rules():
     eos = frozenset({EOS})
-    assert stopping_violations([1, 2, 3, 5], 4, eos) == 0
-    assert stopping_violations([1, EOS], 4, eos) == 0
-    assert stopping_violations([1, 2], 4, eos) == 1  # stopped early without EOS
-    assert stopping_violations([EOS, 2, 3, 5], 4, eos) == 1  # a token after EOS
-    assert stopping_violations([1, 2, 3, 5, 6], 4, eos) == 1  # past max_new_tokens
+    assert not stopping_violation([1, 2, 3, 5], 4, eos)
+    assert not stopping_violation([1, EOS], 4, eos)
+    assert stopping_violation([1, 2], 4, eos)  # stopped early without EOS
+    assert stopping_violation([EOS, 2, 3, 5], 4, eos)  # a token after EOS
+    assert stopping_violation([1, 2, 3, 5, 6], 4, eos)  # past max_new_tokens
 
 
 def test_tiny_llama_pair_is_seeded_and_leaves_the_global_rng_alone():
@@ -297,7 +297,7 @@ def test_greedy_reference_flags_any_token_but_the_argmax():
     other = greedy.copy()
     other[7, 0] = (first + 1) % DEFAULT.vocab_size
     for emitted, verdict in ((greedy, "lossless"), (other, "not_lossless")):
-        result = analyse(case, setup, Generations(emitted, np.ones(40, dtype=np.int64), 0, 1.0), ALPHA)
+        result = analyse(case, setup, Generations(emitted, np.ones(40, dtype=np.int64), np.zeros(40, dtype=bool), 1.0), ALPHA)
         assert result.verdict == verdict, result.reason
 
 
@@ -335,3 +335,20 @@ def test_dflash_drafts_past_max_length_and_the_verifier_then_fails_under_no_repe
     result = generate_case("DFlashTokenCandidateGenerator", {"no_repeat_ngram_size": 1}, DEFAULT, samples=300)
     assert result.verdict == "error", result.reason
     assert "probability tensor contains either `inf`, `nan`" in result.reason
+
+
+@pytest.mark.parametrize("spec, warpers, verdict", [(SINGLE_POSITION, {}, "not_lossless"),
+                                                    (ASSISTED, {"top_k": 3}, "lossless")])
+def test_sequential_generate_mode_sees_the_fixed_runs_data_cut_short(spec, warpers, verdict):
+    """A sequential case stops at its first rejection; a clean one runs every sample, with the
+    fixed-sample test at half the case's alpha beside the anytime one."""
+    if resolve_generator(spec).generator_class is None:
+        pytest.skip(f"no {spec} in this transformers release")
+    case = Case(resolve_generator(spec), warpers, "generate", DEFAULT, 4)
+    fixed = run_generate_case(case, 600, 0, ALPHA)
+    sequential = run_generate_case(case, 600, 0, ALPHA, sequential=True)
+    assert fixed.verdict == sequential.verdict == verdict, (fixed.reason, sequential.reason)
+    if verdict == "lossless":
+        assert sequential.samples == 600 and sequential.alpha_case == ALPHA
+    else:
+        assert sequential.samples < 600 and "e_value" in sequential.failed_checks

@@ -15,7 +15,7 @@ import copy
 from .assisted import constant_drafts
 from .base import DraftContext, FunctionSession, GeneratorAdapter
 from .rounds import first_assisted_round
-from .vocabularies import assistant_lm, assistant_words, target_words, tokenizer_pair, word_level_tokenizer
+from .vocabularies import assistant_lm, tokenizer_pair
 
 
 class DifferentTokenizersAdapter(GeneratorAdapter):
@@ -37,11 +37,7 @@ class DifferentTokenizersAdapter(GeneratorAdapter):
             vocab_size=vocab,
             **constant_drafts(ctx.scenario.gamma),
         )
-        if ctx.scenario.tokenizers == "stub":
-            target_tokenizer = word_level_tokenizer(target_words(vocab))
-            assistant_tokenizer = word_level_tokenizer(assistant_words(vocab))
-        else:
-            target_tokenizer, assistant_tokenizer = tokenizer_pair(ctx.scenario.tokenizers, vocab)
+        target_tokenizer, assistant_tokenizer = tokenizer_pair(ctx.scenario.tokenizers, vocab)
 
         def draft(input_ids):
             # A fresh generator per call (its first drafting round) around the session's models

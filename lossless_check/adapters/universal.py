@@ -12,7 +12,7 @@ from __future__ import annotations
 from .assisted import constant_drafts
 from .base import DraftContext, FunctionSession, GeneratorAdapter
 from .rounds import first_assisted_round
-from .vocabularies import assistant_lm, assistant_words, target_words, tokenizer_pair, word_level_tokenizer, vocabulary_order
+from .vocabularies import assistant_lm, tokenizer_pair, vocabulary_order
 
 
 class UniversalAdapter(GeneratorAdapter):
@@ -31,11 +31,7 @@ class UniversalAdapter(GeneratorAdapter):
         from transformers.generation.candidate_generator import AssistantVocabTranslatorCache
 
         vocab = ctx.scenario.vocab_size
-        if ctx.scenario.tokenizers == "stub":
-            target_tokenizer = word_level_tokenizer(target_words(vocab))
-            assistant_tokenizer = word_level_tokenizer(assistant_words(vocab))
-        else:
-            target_tokenizer, assistant_tokenizer = tokenizer_pair(ctx.scenario.tokenizers, vocab)
+        target_tokenizer, assistant_tokenizer = tokenizer_pair(ctx.scenario.tokenizers, vocab)
         assistant = assistant_lm(
             ctx.scenario.drafter,
             prompt_length=len(ctx.scenario.prompt),

@@ -45,7 +45,7 @@ import torch
 
 from ..adapters import DraftContext
 from ..adapters.assisted import constant_drafts
-from ..analysis import position_tests
+from ..analysis import log_evalues, position_tests, stop_sequentially
 from ..engine import guarded, run_in_chunks
 from ..errors import GeneratorFailure
 from ..expected import ExactLaws, GreedyLaws
@@ -126,17 +126,36 @@ class GenerateCaseResult(CaseResult):
 
 @dataclass
 class Generations:
-    """What the generate() calls emitted. ``emitted[t, k]`` is -1 past the end of sample ``t``."""
+    """What the generate() calls emitted. ``emitted[t, k]`` is -1 past the end of sample ``t``;
+    ``violates[t]``: sample ``t`` breaks the length/EOS rules of plain sampling."""
 
     emitted: np.ndarray
     rounds: np.ndarray
-    stopping_violations: int
+    violates: np.ndarray
     seconds: float
+
+    @property
+    def stopping_violations(self) -> int:
+        return int(self.violates.sum())
 
     @classmethod
     def concatenate(cls, parts: list["Generations"]) -> "Generations":
-        return cls(np.concatenate([p.emitted for p in parts]), np.concatenate([p.rounds for p in parts]),
-                   sum(p.stopping_violations for p in parts), sum(p.seconds for p in parts))
+        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("emitted", "rounds", "violates")),
+                   sum(p.seconds for p in parts))
+
+    def head(self, trials: int) -> "Generations":
+        """The first ``trials`` samples (their share of the time)."""
+        share = trials / len(self.rounds) if len(self.rounds) else 0.0
+        return Generations(self.emitted[:trials], self.rounds[:trials], self.violates[:trials], self.seconds * share)
+
+    def before_eos(self, eos: frozenset[int]) -> np.ndarray:
+        """``emitted`` with every token after an EOS blanked (-1): plain sampling has no law there, and
+        the stopping check already counts such samples."""
+        emitted = self.emitted.copy()
+        if eos:
+            stopped = np.cumsum(np.isin(emitted, list(eos)), axis=1) > 0
+            emitted[:, 1:][stopped[:, :-1]] = -1
+        return emitted
 
 
 class _ModelLaws:
@@ -230,13 +249,11 @@ def _setup(case: Case, max_new_tokens: int) -> _Setup:
                   models.counts_round, loop_models.ROUTES[family], greedy, models.keep)
 
 
-def stopping_violations(tokens: list[int], max_new_tokens: int, eos: frozenset[int]) -> int:
-    """1 if ``tokens`` is not a possible output of plain sampling (length and EOS rules), else 0."""
+def stopping_violation(tokens: list[int], max_new_tokens: int, eos: frozenset[int]) -> bool:
+    """Whether ``tokens`` is not a possible output of plain sampling (length and EOS rules)."""
     if len(tokens) > max_new_tokens or any(t in eos for t in tokens[:-1]):
-        return 1
-    if len(tokens) < max_new_tokens and (not tokens or tokens[-1] not in eos):
-        return 1
-    return 0
+        return True
+    return len(tokens) < max_new_tokens and (not tokens or tokens[-1] not in eos)
 
 
 def collect(setup: _Setup, samples: int, max_new_tokens: int, seed: int,
@@ -251,7 +268,7 @@ def collect(setup: _Setup, samples: int, max_new_tokens: int, seed: int,
     hook = setup.target.register_forward_hook(count)
     emitted = np.full((samples, max_new_tokens), -1, dtype=np.int64)
     rounds = np.zeros(samples, dtype=np.int64)
-    violations = 0
+    violates = np.zeros(samples, dtype=bool)
     prompt_length = setup.prompt_ids.shape[1]
     torch.manual_seed(seed)
     started = time.perf_counter()
@@ -266,14 +283,14 @@ def collect(setup: _Setup, samples: int, max_new_tokens: int, seed: int,
                 except Exception as exc:  # noqa: BLE001 - the generator under test (or the loop) failed
                     raise GeneratorFailure(f"generate() raised {one_line(exc)}") from exc
                 tokens = out[0, prompt_length:].tolist()
-                violations += stopping_violations(tokens, max_new_tokens, setup.eos)
+                violates[t] = stopping_violation(tokens, max_new_tokens, setup.eos)
                 emitted[t, : min(len(tokens), max_new_tokens)] = tokens[:max_new_tokens]
                 rounds[t] = forwards[0] - before
                 if progress is not None:
                     progress(1)
     finally:
         hook.remove()
-    return Generations(emitted, rounds, violations, time.perf_counter() - started)
+    return Generations(emitted, rounds, violates, time.perf_counter() - started)
 
 
 def position_strata(emitted: np.ndarray, position: int, law: Law, eos: frozenset[int]) -> list[Stratum]:
@@ -293,6 +310,12 @@ def position_strata(emitted: np.ndarray, position: int, law: Law, eos: frozenset
         entry = groups.setdefault(probs.tobytes(), [probs, np.zeros(len(probs), dtype=np.int64)])
         entry[1] += np.bincount(tokens, minlength=len(probs))
     return [Stratum(counts, probs) for probs, counts in groups.values()]
+
+
+def _support_failure(emitted: np.ndarray, law: Law) -> bool:
+    """A token the target gives probability 0 given its prefix (``emitted`` blanked after EOS)."""
+    return any(int(s.counts[s.expected <= 0].sum()) for k in range(emitted.shape[1])
+               for s in position_strata(emitted, k, law, frozenset()))
 
 
 def analyse(case: Case, setup: _Setup, gens: Generations, alpha_case: float) -> GenerateCaseResult:
@@ -355,8 +378,9 @@ def run_generate_case(case: Case, samples: int, seed: int, alpha_case: float, se
     among them for EOS cases). Every built-in family runs, picked by ``generate()`` itself (see
     :mod:`.loop_models` for how), and any subclass of one (built where ``generate()`` builds its
     base); what cannot run is ``skipped`` with its reason (:func:`skip_reason`). A failure inside
-    ``generate()`` gives verdict ``error``. Generate mode is a fixed-sample test (``sequential`` is
-    ignored).
+    ``generate()`` gives verdict ``error``. ``sequential``: the case stops at the first sample its
+    anytime e-value rejects, or at the look that sees an exact failure
+    (:func:`~lossless_check.analysis.stop_sequentially`, as in step mode); otherwise all ``samples``.
 
     Assumptions: the ``samples`` calls are independent (each ``generate()`` builds a fresh candidate
     generator; the drafter uses a constant draft length). Then, for a lossless loop, the case is
@@ -373,10 +397,21 @@ def run_generate_case(case: Case, samples: int, seed: int, alpha_case: float, se
 
     def run() -> CaseResult:
         setup = _setup(case, case.max_new_tokens)
-        return run_in_chunks(
-            case, samples, seed, False, timeout,
-            lambda chunk, size, chunk_seed: collect(setup, size, case.max_new_tokens, chunk_seed),
-            lambda parts, final: analyse(case, setup, Generations.concatenate(parts), alpha_case))
+
+        def analyse_look(parts: list[Generations], final: bool) -> CaseResult | None:
+            gens = Generations.concatenate(parts)
+            if not sequential:
+                return analyse(case, setup, gens, alpha_case)
+            emitted = gens.before_eos(setup.eos)
+            log_e = log_evalues(emitted, case.max_new_tokens, setup.law)
+            exact = bool(gens.stopping_violations) or _support_failure(emitted, setup.law)
+            return stop_sequentially(
+                lambda trials, alpha: analyse(case, setup, gens if trials is None else gens.head(trials), alpha),
+                log_e, alpha_case, final, exact)
+
+        return run_in_chunks(case, samples, seed, sequential, timeout,
+                             lambda chunk, size, chunk_seed: collect(setup, size, case.max_new_tokens, chunk_seed),
+                             analyse_look)
 
     result = guarded(case, run)
     if not isinstance(result, GenerateCaseResult):

@@ -17,7 +17,7 @@ generator from what it is given, exactly as for a real model. Per family (5.24 `
 - ``DFlashTokenCandidateGenerator``: ``speculation_type="dflash"`` and the DFlash drafter stub as
   ``assistant_model``;
 - ``UniversalSpeculativeDecodingGenerator``: ``do_sample=True``, an assistant over another
-  vocabulary, and ``tokenizer=`` / ``assistant_tokenizer=`` (two word-level tokenizers);
+  vocabulary, and ``tokenizer=`` / ``assistant_tokenizer=`` (the scenario's tokenizers);
 - ``AssistedCandidateGeneratorDifferentTokenizers``: the same with ``do_sample=False``, the only
   config for which ``generate()`` builds it: the reference is then plain greedy decoding.
 
@@ -52,7 +52,7 @@ from ..adapters.dflash import dflash_drafter_for
 from ..adapters.early_exit import EXIT_LAYER, FULL_DEPTH, EarlyExitFixedLogitsLM, early_exit_model_for
 from ..adapters.mtp import FixedLogitsMtpLM, _quiet_loading, mtp_target_for
 from ..adapters.single_position import FixedLogitsGemma4AssistantStub
-from ..adapters.vocabularies import assistant_lm, assistant_words, target_words, word_level_tokenizer
+from ..adapters.vocabularies import assistant_lm, tokenizer_pair
 from ..stubs import FixedLogitsLM, fixed_logits_lm
 
 ASSISTED = "AssistedCandidateGenerator"
@@ -247,8 +247,8 @@ def _two_tokenizers(ctx: DraftContext, greedy: bool) -> LoopModels:
     vocab = scenario.vocab_size
     assistant = assistant_lm(scenario.drafter, prompt_length=len(scenario.prompt), vocab_size=vocab,
                              **constant_drafts(scenario.gamma))
-    kwargs = {"assistant_model": assistant, "tokenizer": word_level_tokenizer(target_words(vocab)),
-              "assistant_tokenizer": word_level_tokenizer(assistant_words(vocab))}
+    target_tokenizer, assistant_tokenizer = tokenizer_pair(scenario.tokenizers, vocab)
+    kwargs = {"assistant_model": assistant, "tokenizer": target_tokenizer, "assistant_tokenizer": assistant_tokenizer}
     return LoopModels(ctx.target, kwargs, {"do_sample": False} if greedy else {})
 
 
