@@ -1,9 +1,20 @@
 """Exact laws: what plain sampling with the same config emits, and the acceptance law of a round.
 
 The laws are computed the way the real path computes them: the fixed logits of the scenario as the
-stub models emit them (float32), through the installed ``LogitsProcessorList`` (captured from
+stub models emit them (in the scenario's dtype: float32, or bf16/fp16 as a half-precision model
+returns them), upcast to float32, through the installed ``LogitsProcessorList`` (captured from
 ``generate()``) in float32, softmax in float32 (as ``_sample`` and ``_speculative_sampling`` do),
-and only then converted to float64 and renormalised for the statistics. So a token is impossible
+and only then converted to float64 and renormalised for the statistics.
+
+Why upcast: on 5.24 both samplers upcast the target's logits before the processors and the softmax:
+``_sample`` takes ``outputs.logits[:, -1].to(copy=True, dtype=torch.float32)`` (``generation/utils.py``
+line 3247) and ``_assisted_decoding`` takes ``outputs.logits[...].to(dtype=torch.float32)`` ("needed
+to retain precision", lines 4102-4104) before the processors (4106-4108) and ``_speculative_sampling``
+(softmax of ``new_logits`` at line 4466). So the target's law is that of the *rounded* table, in
+float32: rounding can tie two logits (``markov8-bf16``: 1.759 and 1.757 both become 1.7578125), and a
+tie at the ``top_k`` boundary keeps one token more, which a law of the unrounded table would call
+impossible. ``candidate_logits`` get no such upcast: ``_speculative_sampling`` softmaxes them in the
+dtype the generator returns (line 4464); see :mod:`fixtures.mutants.dflash_half_precision_q`. So a token is impossible
 here exactly when it is impossible for the real sampler: a warper's cutoff decided in float64 could
 remove a token that float32 keeps (``EpsilonLogitsWarper(0.06)`` on a token at the cutoff), and
 a support violation is an exact failure. The reference for "lossless" is always plain sampling with
@@ -57,7 +68,9 @@ class ExactLaws:
 
     def _law(self, table: FixedLogits, prefix: tuple[int, ...]) -> np.ndarray:
         history = self.scenario.prompt + prefix
-        logits = torch.tensor(table.logits(len(prefix), history[-1]), dtype=REAL_PATH_DTYPE)[None, :]
+        # As emitted (the table's dtype), then upcast as _sample / _assisted_decoding do; a padded
+        # drafter's extra columns are no tokens of the target: a correct drafter never drafts them.
+        logits = table.emitted(len(prefix), history[-1])[None, : self.scenario.vocab_size].to(REAL_PATH_DTYPE)
         if self.processors is not None and len(self.processors) > 0:
             logits = self.processors(torch.tensor([history], dtype=torch.long), logits)
         law = law_as_sampled(logits[0])
@@ -70,7 +83,8 @@ class ExactLaws:
         return self._target(tuple(prefix))
 
     def drafter(self, prefix: tuple[int, ...] = ()) -> np.ndarray:
-        """Law a correct drafter samples the next draft from: the processed drafter table."""
+        """Law a correct drafter samples the next draft from: the processed drafter table (over the
+        target's vocabulary: a padded drafter's extra columns suppressed)."""
         return self._drafter(tuple(prefix))
 
     def residual(self, prefix: tuple[int, ...] = ()) -> np.ndarray | None:
@@ -138,7 +152,7 @@ class GreedyLaws:
         law = self._cache.get(prefix)
         if law is None:
             history = self.scenario.prompt + prefix
-            logits = torch.tensor(self.scenario.target.logits(len(prefix), history[-1]), dtype=REAL_PATH_DTYPE)[None]
+            logits = self.scenario.target.emitted(len(prefix), history[-1]).to(REAL_PATH_DTYPE)[None]
             if self.processors is not None and len(self.processors) > 0:
                 logits = self.processors(torch.tensor([history], dtype=torch.long), logits)
             law = np.zeros(self.scenario.vocab_size)

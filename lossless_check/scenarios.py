@@ -32,12 +32,24 @@ class Scenario:
     tokenizers: str = "stub"
     #: What the scenario is for, shown by ``lossless-check list``.
     description: str = ""
+    #: The dtype both stub models emit their logits in (``float32``, ``bfloat16``, ``float16``), as a
+    #: real model in that precision returns them. It overrides the tables' own (float32) dtype.
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        if self.target.vocab_size != self.drafter.vocab_size:
+        for side in ("target", "drafter"):
+            table = getattr(self, side)
+            if table.dtype not in ("float32", self.dtype):
+                raise UsageError(f"scenario {self.name!r}: the {side} table is {table.dtype}, the scenario {self.dtype}")
+            # Frozen: set once, here, so every stub built from the scenario emits its dtype.
+            object.__setattr__(self, side, table.in_dtype(self.dtype))
+        # A drafter may have more columns than the target (a padded lm_head, see
+        # :data:`PADDED_DRAFTER`): its extra ids are not tokens of the target. Fewer would leave
+        # target tokens the drafter cannot score.
+        if self.drafter.vocab_size < self.target.vocab_size:
             raise UsageError(
-                f"scenario {self.name!r}: target vocabulary {self.target.vocab_size} != drafter vocabulary "
-                f"{self.drafter.vocab_size}"
+                f"scenario {self.name!r}: drafter vocabulary {self.drafter.vocab_size} < target vocabulary "
+                f"{self.target.vocab_size}"
             )
         if not self.prompt:
             raise UsageError(f"scenario {self.name!r}: the prompt must hold at least one token")
@@ -50,7 +62,13 @@ class Scenario:
 
     @property
     def vocab_size(self) -> int:
+        """The target's vocabulary: the tokens the output law is over."""
         return self.target.vocab_size
+
+    @property
+    def drafter_padding(self) -> int:
+        """Columns of the drafter's logits past the target's vocabulary (0 unless its head is padded)."""
+        return self.drafter.vocab_size - self.target.vocab_size
 
 
 def _seeded(seed: int, shape: tuple[int, ...], scale: float) -> np.ndarray:
@@ -134,4 +152,58 @@ LARGE_VOCAB = Scenario(
     description="vocabulary 32,000, Zipf-like peaked laws with long tails (laws tested on 64 top cells + 16 tail buckets)",
 )
 
-SCENARIOS = {s.name: s for s in (DEFAULT, IID, FAST_TOKENIZERS, ID_ORDERED_VOCAB, LARGE_VOCAB)}
+# --- Half precision: the stubs emit their logits in bf16 / fp16, as real models do. --------------
+
+#: The default scenario in bf16. Rounding to bf16 ties two logits of the target's row after token 4
+#: (1.759 and 1.757 both become 1.7578125, its 2nd and 3rd largest): under ``top_k=2`` the real
+#: sampler keeps 3 tokens there (``TopKLogitsWarper`` keeps every logit equal to the k-th), so the
+#: expected law must be the rounded table's (:mod:`.expected`), or a lossless generator fails on support.
+MARKOV_BF16 = replace(
+    DEFAULT,
+    name="markov8-bf16",
+    dtype="bfloat16",
+    description="markov8 with bf16 logits (a top_k=2 tie that only the rounded table has, after token 4)",
+)
+
+#: The large-vocabulary pair in bf16: bf16 keeps float32's exponent range (no q underflows), but a
+#: softmax *in* bf16 quantises every q to 8 significant bits: TV 6e-4 from the float32 softmax of the
+#: same bf16 logits (drafter table), far below statistics, above provenance's 1e-5.
+LARGE_VOCAB_BF16 = replace(
+    LARGE_VOCAB,
+    name="zipf32k-bf16",
+    dtype="bfloat16",
+    description="zipf32k with bf16 logits (a bf16 softmax quantises q: TV 6e-4 from the float32 one)",
+)
+
+#: The large-vocabulary pair in fp16: a softmax in fp16 rounds every probability below 2**-25
+#: (3.0e-8) to 0 and quantises the subnormal range coarsely: 175 tokens of the drafter's law
+#: (mass 4.2e-6) underflow to q = 0.
+LARGE_VOCAB_FP16 = replace(
+    LARGE_VOCAB,
+    name="zipf32k-fp16",
+    dtype="float16",
+    description="zipf32k with fp16 logits (an fp16 softmax underflows 175 drafter tokens to q = 0)",
+)
+
+# --- A padded drafter vocabulary ------------------------------------------------------------------
+
+#: Columns of padding on the padded drafter's head (the padded head is 16 wide for 8 tokens).
+DRAFTER_PADDING = 8
+#: The logit of a padded column: a zero-initialised row of ``lm_head`` (no bias) gives exactly 0.
+PADDING_LOGIT = 0.0
+
+#: :data:`IID` with the drafter's head padded past the target's vocabulary, as released families pad
+#: ``lm_head`` (and ``config.vocab_size``) to a multiple of 64 or 128 beyond the tokenizer. Ids 8-15
+#: are no tokens of the target; their logit 0 gives them 23% of the drafter's raw mass (a magnified
+#: toy: real padding holds little mass, but a generator must handle any).
+PADDED_DRAFTER = Scenario(
+    name="iid8-padded-drafter",
+    target=IID.target,
+    drafter=FixedLogits.iid(np.concatenate([IID.drafter.rows[0], np.full(DRAFTER_PADDING, PADDING_LOGIT)])),
+    prompt=IID.prompt,
+    gamma=IID.gamma,
+    description=f"iid8 with the drafter's lm_head padded to {VOCAB + DRAFTER_PADDING} columns (padding logits 0)",
+)
+
+SCENARIOS = {s.name: s for s in (DEFAULT, IID, FAST_TOKENIZERS, ID_ORDERED_VOCAB, LARGE_VOCAB, MARKOV_BF16,
+                                 LARGE_VOCAB_BF16, LARGE_VOCAB_FP16, PADDED_DRAFTER)}

@@ -47,12 +47,15 @@ class FixedLogitsConfig(PretrainedConfig):
         table_kind: str = "iid",
         table_rows: list | None = None,
         prompt_length: int = 1,
+        table_dtype: str = "float32",
         **kwargs,
     ):
         self.vocab_size = vocab_size
         self.table_kind = table_kind
         self.table_rows = table_rows if table_rows is not None else [[0.0] * vocab_size]
         self.prompt_length = prompt_length
+        # The dtype the model emits its logits in (``PretrainedConfig`` owns ``dtype``: another name).
+        self.table_dtype = table_dtype
         # Shape facts that generate() and the cache classes read.
         self.hidden_size = vocab_size
         self.num_hidden_layers = 1
@@ -64,7 +67,13 @@ class FixedLogitsConfig(PretrainedConfig):
 
     @property
     def table(self) -> FixedLogits:
-        return FixedLogits(self.table_kind, np.asarray(self.table_rows, dtype=np.float64))
+        return FixedLogits(self.table_kind, np.asarray(self.table_rows, dtype=np.float64), self.table_dtype)
+
+    @classmethod
+    def for_table(cls, table: FixedLogits, prompt_length: int, **kwargs) -> "FixedLogitsConfig":
+        """The config of a stub emitting ``table`` (its rows, kind and dtype)."""
+        return cls(vocab_size=table.vocab_size, table_kind=table.kind, table_rows=table.rows.tolist(),
+                   prompt_length=prompt_length, table_dtype=table.dtype, **kwargs)
 
 
 class IdentityHead(nn.Linear):
@@ -87,11 +96,11 @@ DENSE_WEIGHTS_MAX_VOCAB = 4096
 class WeightlessIdentityHead(nn.Module):
     """:class:`IdentityHead` of a large vocabulary: passes its input through, holds no ``V x V`` weight."""
 
-    def __init__(self, vocab_size: int):
+    def __init__(self, vocab_size: int, dtype: torch.dtype = torch.float32):
         super().__init__()
         self.in_features = self.out_features = vocab_size
         # Generators read the head's weight for its device and dtype only: an empty one says them.
-        self.weight = nn.Parameter(torch.zeros(0), requires_grad=False)
+        self.weight = nn.Parameter(torch.zeros(0, dtype=dtype), requires_grad=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden
@@ -100,13 +109,13 @@ class WeightlessIdentityHead(nn.Module):
 class OneHotEmbedding(nn.Module):
     """The identity embedding of a large vocabulary (token ``t`` -> one-hot row ``t``), computed on the fly."""
 
-    def __init__(self, vocab_size: int):
+    def __init__(self, vocab_size: int, dtype: torch.dtype = torch.float32):
         super().__init__()
         self.num_embeddings = self.embedding_dim = vocab_size
-        self.weight = nn.Parameter(torch.zeros(0), requires_grad=False)  # device and dtype only
+        self.weight = nn.Parameter(torch.zeros(0, dtype=dtype), requires_grad=False)  # device and dtype only
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.one_hot(input_ids, self.num_embeddings).to(torch.float32)
+        return torch.nn.functional.one_hot(input_ids, self.num_embeddings).to(self.weight.dtype)
 
 
 class FixedLogitsLM(PreTrainedModel, GenerationMixin):
@@ -126,16 +135,19 @@ class FixedLogitsLM(PreTrainedModel, GenerationMixin):
     def __init__(self, config: FixedLogitsConfig):
         super().__init__(config)
         table = config.table
-        self.register_buffer("table_rows", torch.tensor(table.rows, dtype=torch.float32), persistent=False)
+        # Logits come out in the table's dtype, and so do the weights: a bf16 model says bf16 through
+        # ``model.dtype`` and its heads' weights, which some generators read.
+        dtype = table.torch_dtype
+        self.register_buffer("table_rows", table.emitted_rows(), persistent=False)
         # A real (identity) output projection: hidden states are the logits. DFlash-style generators
         # project a drafter's hidden states through this layer.
         if config.vocab_size > DENSE_WEIGHTS_MAX_VOCAB:
-            self.anchor = nn.Parameter(torch.zeros(1), requires_grad=False)  # gives the model a device and dtype
-            self.lm_head = WeightlessIdentityHead(config.vocab_size)
-            self.embed_tokens = OneHotEmbedding(config.vocab_size)
+            self.anchor = nn.Parameter(torch.zeros(1, dtype=dtype), requires_grad=False)  # gives the model a device and dtype
+            self.lm_head = WeightlessIdentityHead(config.vocab_size, dtype)
+            self.embed_tokens = OneHotEmbedding(config.vocab_size, dtype)
         else:
-            self.lm_head = IdentityHead(config.vocab_size, config.vocab_size, bias=False)
-            self.embed_tokens = nn.Embedding(config.vocab_size, config.vocab_size)
+            self.lm_head = IdentityHead(config.vocab_size, config.vocab_size, bias=False, dtype=dtype)
+            self.embed_tokens = nn.Embedding(config.vocab_size, config.vocab_size, dtype=dtype)
             with torch.no_grad():
                 self.lm_head.weight.copy_(torch.eye(config.vocab_size))
                 self.embed_tokens.weight.copy_(torch.eye(config.vocab_size))
@@ -209,8 +221,9 @@ class TableDrafterStub(PreTrainedModel):
 
     def __init__(self, config: FixedLogitsConfig):
         super().__init__(config)
-        self.register_buffer("table_rows", torch.tensor(config.table.rows, dtype=torch.float32), persistent=False)
-        self.anchor = nn.Parameter(torch.zeros(1), requires_grad=False)  # gives the model a device
+        table = config.table
+        self.register_buffer("table_rows", table.emitted_rows(), persistent=False)  # in the table's dtype
+        self.anchor = nn.Parameter(torch.zeros(1, dtype=table.torch_dtype), requires_grad=False)  # device, dtype
         self.post_init()
 
     def _init_weights(self, module):  # no weights to initialise
@@ -218,13 +231,9 @@ class TableDrafterStub(PreTrainedModel):
 
 
 def fixed_logits_lm(table: FixedLogits, prompt_length: int, **generation_defaults) -> FixedLogitsLM:
-    """Build a :class:`FixedLogitsLM` for ``table``; extra keywords set its generation config."""
-    config = FixedLogitsConfig(
-        vocab_size=table.vocab_size,
-        table_kind=table.kind,
-        table_rows=table.rows.tolist(),
-        prompt_length=prompt_length,
-    )
+    """Build a :class:`FixedLogitsLM` for ``table`` (emitting its logits in ``table.dtype``); extra
+    keywords set its generation config."""
+    config = FixedLogitsConfig.for_table(table, prompt_length)
     model = FixedLogitsLM(config).eval()
     model.generation_config.pad_token_id = None
     for key, value in generation_defaults.items():

@@ -21,17 +21,22 @@ from .errors import UsageError
 TableKind = Literal["iid", "per_position", "markov"]
 TABLE_KINDS: tuple[str, ...] = ("iid", "per_position", "markov")
 
+#: Dtypes a stub model may emit its logits in: float32, and the half precisions real models run in.
+LOGITS_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+
 
 @dataclass(frozen=True)
 class FixedLogits:
     """A logits table. ``rows`` is a float64 array of shape ``(n_rows, vocab_size)``.
 
     ``-inf`` entries are allowed (a token the model never emits); NaN and ``+inf`` are not, and a
-    row must keep at least one finite entry.
+    row must keep at least one finite entry. ``dtype`` is the dtype a stub model emits the logits in:
+    the rows rounded to it (round to nearest even, as ``Tensor.to`` does) are what the model returns.
     """
 
     kind: TableKind
     rows: np.ndarray
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
         if self.kind not in TABLE_KINDS:
@@ -52,6 +57,8 @@ class FixedLogits:
             raise UsageError("logits table contains +inf")
         if not np.isfinite(rows).any(axis=1).all():
             raise UsageError("logits table has a row where every entry is -inf")
+        if self.dtype not in LOGITS_DTYPES:
+            raise UsageError(f"logits dtype must be one of {', '.join(LOGITS_DTYPES)}, got {self.dtype!r}")
         if self.kind == "iid" and rows.shape[0] != 1:
             raise UsageError(f"an iid table has exactly one row, got {rows.shape[0]}")
         if self.kind == "markov" and rows.shape[0] != rows.shape[1]:
@@ -74,6 +81,32 @@ class FixedLogits:
     @property
     def vocab_size(self) -> int:
         return int(self.rows.shape[1])
+
+    @property
+    def torch_dtype(self):
+        """The ``torch.dtype`` the stub models emit these logits in."""
+        import torch
+
+        return getattr(torch, self.dtype)
+
+    def in_dtype(self, dtype: str) -> "FixedLogits":
+        """The same table, emitted in ``dtype``."""
+        return FixedLogits(self.kind, self.rows, dtype)
+
+    def emitted_rows(self):
+        """All rows as the stub models hold and return them: a ``(n_rows, vocab_size)`` tensor in :attr:`dtype`.
+
+        One conversion, float64 to :attr:`dtype`, shared by the stubs and the exact laws, so the laws
+        are those of the logits the models really return.
+        """
+        import torch
+
+        return torch.tensor(self.rows, dtype=torch.float64).to(self.torch_dtype)
+
+    def emitted(self, generated_index: int, previous_token: int):
+        """The logits a stub model returns for one position: a ``(vocab_size,)`` tensor in :attr:`dtype`."""
+        idx = self.row_index(np.asarray([generated_index]), np.asarray([previous_token]))[0]
+        return self.emitted_rows()[int(idx)]
 
     def row_index(self, generated_index: np.ndarray, previous_token: np.ndarray) -> np.ndarray:
         """Row used for the token at ``generated_index`` (0 = first token after the prompt)."""

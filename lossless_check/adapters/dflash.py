@@ -47,12 +47,7 @@ class FixedLogitsDFlashDrafter(TableDrafterStub):
 
 def dflash_drafter_for(ctx: DraftContext) -> FixedLogitsDFlashDrafter:
     table = ctx.scenario.drafter
-    config = FixedLogitsConfig(
-        vocab_size=table.vocab_size,
-        table_kind=table.kind,
-        table_rows=table.rows.tolist(),
-        prompt_length=len(ctx.scenario.prompt),
-    )
+    config = FixedLogitsConfig.for_table(table, prompt_length=len(ctx.scenario.prompt))  # rows, kind, dtype
     config.target_layer_ids = [0]
     config.block_size = ctx.scenario.gamma + 1
     config.mask_token_id = 0

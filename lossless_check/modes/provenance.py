@@ -26,7 +26,8 @@ from ..errors import GeneratorFailure, NotApplicable
 from ..results import Case, CaseResult, one_line
 
 #: Largest total variation between the sampled row and ``softmax(returned candidate_logits)`` that
-#: still counts as equal. Both sides are float32 softmaxes of (ideally) the same float32 logits;
+#: still counts as equal. Both sides are float32 softmaxes of (ideally) the same float32 logits (a
+#: generator returning half-precision logits gets its q softmaxed in half precision, as the verifier does);
 #: different kernels (row-wise vs batched, fused vs not) differ by a few float32 ulps per token,
 #: relatively, so their total variation stays near 1e-6 whatever the vocabulary size (measured here:
 #: below 1e-7). Total variation bounds every per-token absolute difference, and a difference within
@@ -225,7 +226,7 @@ class ProvenanceResult:
 
 
 def compare_row(draw: Draw, q_returned: torch.Tensor, position: int) -> PositionProvenance:
-    """Compare one draft's source with the float32 softmax of its returned logits row."""
+    """Compare one draft's source with the softmax of its returned logits row (in the dtype returned)."""
     q = q_returned.to(torch.float64)
     if draw.kind == ARGMAX:
         source = torch.zeros_like(q)
@@ -298,8 +299,10 @@ def provenance_check(case: Case, trials: int = 3, seed: int = 0) -> ProvenanceRe
             if isinstance(matched, str):
                 gaps.append(f"trial {t + 1}: {matched}")
                 continue
-            # The verifier's view of q: a float32 softmax of what was returned.
-            q_returned = torch.softmax(candidate_logits[0].to(torch.float32), dim=-1)
+            # The verifier's view of q: a softmax of what was returned, in the dtype returned, as
+            # _speculative_sampling computes it (5.24 generation/utils.py line 4464: no upcast; a bf16
+            # q is quantised, an fp16 one underflows).
+            q_returned = torch.softmax(candidate_logits[0], dim=-1)
             for j, draw in enumerate(matched):
                 by_position.setdefault(j + 1, []).append(compare_row(draw, q_returned[j], j + 1))
     positions = [_worst(rows) for _, rows in sorted(by_position.items())]
