@@ -26,7 +26,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from ..stubs import FixedLogitsConfig, FixedLogitsLM, fixed_logits_lm
+from ..errors import NotApplicable
+from ..stubs import DENSE_WEIGHTS_MAX_VOCAB, FixedLogitsConfig, FixedLogitsLM, fixed_logits_lm
 from .base import DraftContext, FunctionSession, GeneratorAdapter, Prefills, first_round_after_prefill, installed_release
 
 #: Releases 5.16-5.17 crop the draft after its first EOS, reading the EOS position from row 0 only and
@@ -46,6 +47,13 @@ class IdentityNorm(nn.Module):
         return hidden_states
 
 
+def _mtp_rows(config) -> torch.Tensor:
+    """The drafter table as the MTP layers hold it: in the scenario's dtype, rounded as the stubs round."""
+    from ..tables import FixedLogits
+
+    return FixedLogits(config.mtp_table_kind, config.mtp_table_rows, getattr(config, "mtp_table_dtype", "float32")).emitted_rows()
+
+
 class FixedLogitsMtpBlock(nn.Module):
     """Decoder layer stub: at each position, the drafter table's logits for the token that follows it.
 
@@ -60,7 +68,7 @@ class FixedLogitsMtpBlock(nn.Module):
         self.layer_idx = layer_idx
         self.table_kind = config.mtp_table_kind
         self.prompt_length = config.prompt_length
-        self.table_rows = nn.Parameter(torch.tensor(config.mtp_table_rows, dtype=torch.float32), requires_grad=False)
+        self.table_rows = nn.Parameter(_mtp_rows(config), requires_grad=False)
         self.input_norm = IdentityNorm(config.hidden_size)  # MtpModel takes its norm class from here
 
     def forward(self, hidden_states, position_ids=None, past_key_values=None, **kwargs):
@@ -102,17 +110,26 @@ def mtp_checkpoint(config: FixedLogitsConfig) -> dict[str, torch.Tensor]:
     """MTP weights in the DeepSeek-V3 checkpoint layout: ``eh_proj`` keeps the embedding half, the
     layers hold the drafter table."""
     vocab = config.vocab_size
-    pass_embedding = torch.cat([torch.eye(vocab), torch.zeros(vocab, vocab)], dim=1)
+    dtype = _mtp_rows(config).dtype
+    pass_embedding = torch.cat([torch.eye(vocab), torch.zeros(vocab, vocab)], dim=1).to(dtype)
     weights = {}
     for k in range(config.num_mtp_layers):
         layer = f"model.layers.{config.num_hidden_layers + k}"
         weights[f"{layer}.eh_proj.weight"] = pass_embedding.clone()
-        weights[f"{layer}.table_rows"] = torch.tensor(config.mtp_table_rows, dtype=torch.float32)
+        weights[f"{layer}.table_rows"] = _mtp_rows(config)
     return weights
 
 
 def mtp_target_for(ctx: DraftContext, folder: str) -> FixedLogitsMtpLM:
-    """The target stub with ``gamma`` MTP layers drafting from the drafter table, saved in ``folder``."""
+    """The target stub with ``gamma`` MTP layers drafting from the drafter table, saved in ``folder``.
+
+    Raises :class:`~lossless_check.errors.NotApplicable` above
+    :data:`~lossless_check.stubs.DENSE_WEIGHTS_MAX_VOCAB`: each MTP layer's real ``eh_proj`` is a dense
+    ``V x 2V`` weight (8 GB at ``V = 32000``).
+    """
+    if ctx.scenario.vocab_size > DENSE_WEIGHTS_MAX_VOCAB:
+        raise NotApplicable(f"the MTP stub's layers hold dense V x 2V eh_proj weights (transformers' MtpModel); "
+                            f"vocabulary {ctx.scenario.vocab_size} is above {DENSE_WEIGHTS_MAX_VOCAB}")
     from safetensors.torch import save_file
 
     scenario = ctx.scenario
@@ -121,8 +138,9 @@ def mtp_target_for(ctx: DraftContext, folder: str) -> FixedLogitsMtpLM:
     config.num_mtp_layers = scenario.gamma
     config.mtp_table_kind = scenario.drafter.kind
     config.mtp_table_rows = scenario.drafter.rows.tolist()
+    config.mtp_table_dtype = scenario.drafter.dtype  # a half-precision model's MTP layers are half precision too
     config.rms_norm_eps = 1e-6
-    config.dtype = torch.float32
+    config.dtype = scenario.drafter.torch_dtype
     config.name_or_path = folder
     save_file(mtp_checkpoint(config), os.path.join(folder, "model.safetensors"))
     model = FixedLogitsMtpLM(config).eval()

@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..stubs import FixedLogitsLM, fixed_logits_lm
+from ..errors import NotApplicable
+from ..stubs import DENSE_WEIGHTS_MAX_VOCAB, FixedLogitsLM, fixed_logits_lm
 from ..tables import FixedLogits
 
 #: Words the assistant knows and the target does not.
@@ -148,8 +149,18 @@ class EmbeddingRoutedLM(FixedLogitsLM):
 
 
 def assistant_lm(drafter: FixedLogits, prompt_length: int, vocab_size: int, **generation_defaults) -> EmbeddingRoutedLM:
-    """The assistant stub over the assistant vocabulary of a ``vocab_size``-token target."""
-    table = assistant_table(drafter, assistant_words(vocab_size))
+    """The assistant stub over the assistant vocabulary of a ``vocab_size``-token target.
+
+    Raises :class:`~lossless_check.errors.NotApplicable` above
+    :data:`~lossless_check.stubs.DENSE_WEIGHTS_MAX_VOCAB`: the translator prunes the head's weight and
+    swaps in a re-indexing embedding, which needs the dense ``V x V`` weights large stubs do without.
+    """
+    words = assistant_words(vocab_size)
+    if len(words) > DENSE_WEIGHTS_MAX_VOCAB:
+        raise NotApplicable(
+            f"the two-vocabulary stubs hold dense V x V weights (the vocabulary translator prunes and re-indexes "
+            f"them); vocabulary {len(words)} is above {DENSE_WEIGHTS_MAX_VOCAB}: use the iid32-fast-tokenizers scenario")
+    table = assistant_table(drafter, words)
     plain = fixed_logits_lm(table, prompt_length=prompt_length, **generation_defaults)
     model = EmbeddingRoutedLM(plain.config).eval()
     model.generation_config = plain.generation_config

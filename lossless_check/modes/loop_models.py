@@ -230,7 +230,11 @@ def _mtp(ctx: DraftContext) -> LoopModels:
     # MtpModel.from_pretrained reads the MTP weights from the target's checkpoint folder at every
     # generate() call (the generator is built per call): the folder lives as long as the target.
     folder = tempfile.mkdtemp(prefix="lossless-check-mtp-")
-    saved = mtp_target_for(ctx, folder)
+    try:
+        saved = mtp_target_for(ctx, folder)
+    except BaseException:
+        shutil.rmtree(folder, True)
+        raise
     target = _rebuilt(saved, FullHiddenStatesMtpLM)
     target._weight_conversions = saved._weight_conversions
     weakref.finalize(target, shutil.rmtree, folder, True)

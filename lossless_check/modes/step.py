@@ -82,6 +82,8 @@ class StepCase:
         if self._session is None:
             try:
                 self._session = self.case.generator.adapter.session(self.context())
+            except NotApplicable:
+                raise
             except Exception as exc:  # noqa: BLE001 - the generator under test failed to build
                 raise GeneratorFailure(f"building the generator raised {one_line(exc)}") from exc
         return self._session
