@@ -16,9 +16,10 @@ from lossless_check.expected import ExactLaws, first_token_law
 from lossless_check.api import run_cases as run
 from lossless_check.modes.step import StepCase
 from lossless_check.results import Case
-from lossless_check.scenarios import DEFAULT, IID
+from lossless_check.scenarios import DEFAULT, IID, Scenario
 from lossless_check.stats import Stratum, law_test
 from lossless_check.stubs import fixed_logits_lm
+from lossless_check.tables import FixedLogits
 from lossless_check.warpers import capture_processors
 
 TOP_K = {"top_k": 3}
@@ -202,10 +203,110 @@ def test_different_tokenizers_survives_drafts_of_assistant_only_words():
 
 def test_prompt_lookup_copies_an_earlier_ngram_but_returns_no_q_so_step_mode_does_not_apply():
     _, session = session_for("PromptLookupCandidateGenerator")
+    if release() < (5, 13, 0):  # no EOS token: a match raises in torch.isin(chosen_ids, None) (see below)
+        with pytest.raises(TypeError, match="isin"):
+            session.draft(torch.tensor([[3, 1, 4, 2, 3, 1]]))
+        return
     candidates, logits = session.draft(torch.tensor([[3, 1, 4, 2, 3, 1]]))
     assert candidates[0, 6:].tolist() == [4, 2, 3] and logits is None  # the continuation of "3 1"
     case = run_one("PromptLookupCandidateGenerator", 50)
     assert case.verdict == "skipped" and "returns no candidate_logits" in case.reason
+
+
+#: Findings that a later release fixed, as [first affected, first fixed). The ranges start at the
+#: oldest release examined (5.0.0; ``benchmarks/compat_table.md``); below it they are unexamined.
+FIXED_FINDINGS = {
+    "PromptLookupCandidateGenerator": ((5, 0, 0), (5, 14, 0)),
+}
+
+
+def fixed_finding_holds(name: str) -> bool:
+    first, fixed = FIXED_FINDINGS[name]
+    if release() < first:
+        pytest.skip(f"transformers {transformers.__version__} is older than the releases examined (from 5.0.0)")
+    return release() < fixed
+
+
+def _cycle_rows(vocab=8, period=4, logit=4.0):
+    """A Markov table that follows 0 -> 1 -> 2 -> 3 -> 0 with probability e^4 / (e^4 + 7) = 0.886."""
+    rows = np.zeros((vocab, vocab))
+    rows[np.arange(vocab), (np.arange(vocab) + 1) % period] = logit
+    return FixedLogits.markov(rows)
+
+
+#: A prompt that repeats itself and a target that mostly continues the repetition: the n-gram lookup
+#: finds a 3-token draft in almost every round and the target accepts most of it, so rounds end
+#: right at max_length often. (The drafter table is unused: prompt lookup has no model.)
+CYCLE = Scenario("cycle4", target=_cycle_rows(), drafter=_cycle_rows(), prompt=(0, 1, 2, 3, 0, 1))
+CYCLE_K = 6  # max_new_tokens: max_length 12
+CYCLE_EOS = 7  # an EOS token (probability 0.016 a step), so that 5.0-5.12 run at all (see below)
+
+
+@pytest.mark.parametrize("warpers", [{"eos_token_id": CYCLE_EOS}, {}], ids=["eos", "no-eos"])
+def test_prompt_lookup_is_not_lossless_on_5_0_to_5_13_because_the_loop_keeps_its_drafts_past_max_length(warpers):
+    """A transformers defect, not the harness's (5.0.0 to 5.13.1, :data:`FIXED_FINDINGS`).
+
+    transformers 5.13.1, ``generation/candidate_generator.py``: ``PromptLookupCandidateGenerator.get_candidates``
+    (class at line 1019) caps its draft with ``end_idx = min(end_idx, input_length, self.max_length)``
+    (line 1101), an absolute index the copied n-gram never reaches, instead of the
+    ``max_length - input_length - 1`` tokens left; its only length guard (line 1077) skips drafting
+    when exactly one token is left. So with 2 tokens left it drafts ``num_output_tokens`` (3).
+    ``generation/utils.py`` ``_assisted_decoding``: for a candidate that reaches max_length
+    (``is_done_candidate``, line 3666) it drops one token only when every draft matched (lines
+    3736-3737); ``valid_tokens = selected_tokens[:, : n_matches + 1]`` (line 3738) is appended
+    (line 3746) uncropped. Two matched drafts of three give an output one token past
+    ``max_new_tokens``, which plain sampling never emits: the harness's exact ``stopping`` check
+    fails. 5.0.0-5.12.1 have the same code (5.0.0 lines 1131 and 3733) but, with no EOS token,
+    raise first: ``torch.isin(chosen_ids, None)`` (the None check came in 5.13; ``RAISES`` in
+    ``tests/test_generate_mode.py``). 5.14.0 crops the accepted tokens to the length budget in
+    ``_assisted_decoding`` (``tokens_budget``, ``generation/utils.py`` lines 3794-3799; 5.24.0 lines
+    4153-4156); the generator still drafts past max_length there (5.24.0 line 1099), harmlessly.
+
+    What the defect predicts, checked on the real ``generate()``: every output that breaks the
+    rules is exactly one token longer than ``max_new_tokens`` (a draft of ``gamma`` = 3 made with 2
+    tokens left overshoots by at most ``gamma - 2``), and none ends early without EOS or holds a
+    token after it.
+    """
+    from transformers import GenerationConfig
+    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+    from lossless_check.adapters.rounds import first_round
+    from lossless_check.modes.generate import run_generate_case
+
+    affected = fixed_finding_holds("PromptLookupCandidateGenerator")
+    if release() <= (5, 24, 0):  # white-box, the generator's side: examined on 5.0-5.24
+        generator = PromptLookupCandidateGenerator(eos_token_id=torch.tensor([CYCLE_EOS]), num_output_tokens=3,
+                                                   max_matching_ngram_size=2, max_length=7)
+        candidates, logits = first_round(generator, torch.tensor([[3, 1, 4, 0, 3]]))  # 2 tokens left (one + bonus)
+        assert candidates[0, 5:].tolist() == [1, 4, 0] and logits is None  # 3 drafts: the candidates end at 8 > 7
+
+    case = Case(resolve_generator("PromptLookupCandidateGenerator"), warpers, "generate", CYCLE, CYCLE_K)
+    result = run_generate_case(case, 200, 0, ALPHA)
+    if affected and not warpers and release() < (5, 13, 0):
+        assert result.verdict == "error" and "isin" in result.reason, result.reason
+        return
+    if not affected:
+        assert result.verdict == "lossless", result.reason
+        assert result.stopping_violations == 0
+    else:
+        assert result.verdict == "not_lossless" and result.failed_checks == ["stopping"], result.reason
+        assert "outputs break the length/EOS rules of plain sampling" in result.reason
+        assert result.stopping_violations > 50  # 121 (EOS) and 118 (no EOS) of 200 on 5.13.1
+
+    target = fixed_logits_lm(CYCLE.target, len(CYCLE.prompt))
+    config = GenerationConfig(do_sample=True, max_new_tokens=CYCLE_K, prompt_lookup_num_tokens=CYCLE.gamma, **warpers)
+    torch.manual_seed(0)
+    prompt = torch.tensor([CYCLE.prompt])
+    with torch.no_grad():
+        outputs = [target.generate(prompt, generation_config=config)[0, prompt.shape[1]:].tolist() for _ in range(100)]
+    eos = {warpers["eos_token_id"]} if warpers else set()
+    assert not [o for o in outputs if eos.intersection(o[:-1])]  # nothing after an EOS, on every release
+    assert not [o for o in outputs if len(o) < CYCLE_K and not eos.intersection(o[-1:])]
+    too_long = [o for o in outputs if len(o) > CYCLE_K]
+    if affected:  # 59 (EOS) and 55 (no EOS) of 100 on 5.13.1
+        assert len(too_long) > 25 and {len(o) for o in too_long} == {CYCLE_K + 1}, too_long
+    else:
+        assert not too_long, too_long
 
 
 # --- MTPCandidateGenerator -------------------------------------------------------------------
