@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import copy
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable
@@ -45,7 +44,7 @@ import torch
 
 from ..adapters import DraftContext
 from ..adapters.assisted import constant_drafts
-from ..analysis import log_evalues, position_tests, stop_sequentially
+from ..analysis import log_evalues, position_tests, stop_sequentially, strata
 from ..engine import guarded, run_in_chunks
 from ..errors import GeneratorFailure
 from ..expected import ExactLaws, GreedyLaws
@@ -293,29 +292,22 @@ def collect(setup: _Setup, samples: int, max_new_tokens: int, seed: int,
     return Generations(emitted, rounds, violates, time.perf_counter() - started)
 
 
-def position_strata(emitted: np.ndarray, position: int, law: Law, eos: frozenset[int]) -> list[Stratum]:
-    """Strata for output position ``position`` (0-based): samples that reached it, grouped by exact law.
+def position_strata(emitted: np.ndarray, position: int, law: Law) -> list[Stratum]:
+    """Strata for output position ``position`` (0-based): samples that reached it, grouped by exact law
+    (on the coarsened partition above :data:`~lossless_check.analysis.COARSEN_ABOVE_VOCAB`).
 
-    Samples whose prefix holds an EOS are left out: plain sampling never gets there, and the
-    stopping check already counts them.
+    ``emitted`` is blanked after EOS (:meth:`Generations.before_eos`): plain sampling never goes past
+    an EOS, and the stopping check already counts samples that did.
     """
-    prefixes = defaultdict(list)
-    for row in emitted[emitted[:, position] >= 0, : position + 1]:
-        prefix = tuple(int(x) for x in row[:position])
-        if not eos.intersection(prefix):
-            prefixes[prefix].append(int(row[position]))
-    groups: dict[bytes, list] = {}
-    for prefix, tokens in prefixes.items():
-        probs = law(prefix)
-        entry = groups.setdefault(probs.tobytes(), [probs, np.zeros(len(probs), dtype=np.int64)])
-        entry[1] += np.bincount(tokens, minlength=len(probs))
-    return [Stratum(counts, probs) for probs, counts in groups.values()]
+    rows = emitted[emitted[:, position] >= 0]
+    vocab = len(law(tuple(int(t) for t in rows[0, :position]))) if len(rows) else 0
+    return strata(rows, position, law, vocab) if len(rows) else []
 
 
 def _support_failure(emitted: np.ndarray, law: Law) -> bool:
     """A token the target gives probability 0 given its prefix (``emitted`` blanked after EOS)."""
     return any(int(s.counts[s.expected <= 0].sum()) for k in range(emitted.shape[1])
-               for s in position_strata(emitted, k, law, frozenset()))
+               for s in position_strata(emitted, k, law))
 
 
 def analyse(case: Case, setup: _Setup, gens: Generations, alpha_case: float) -> GenerateCaseResult:
@@ -330,8 +322,9 @@ def analyse(case: Case, setup: _Setup, gens: Generations, alpha_case: float) -> 
     result.mean_rounds = float(gens.rounds.mean())
     result.mean_new_tokens = float((gens.emitted >= 0).sum(axis=1).mean())
     result.stopping_violations = gens.stopping_violations
-    strata = [position_strata(gens.emitted, k, setup.law, setup.eos) for k in range(max_new_tokens)]
-    violations = position_tests(result, strata, alpha_case)
+    emitted = gens.before_eos(setup.eos)
+    by_position = [position_strata(emitted, k, setup.law) for k in range(max_new_tokens)]
+    violations = position_tests(result, by_position, alpha_case)
     if gens.stopping_violations:
         result.failed_checks.append("stopping")
     result.exact_failure = bool(violations or gens.stopping_violations)
