@@ -54,6 +54,11 @@ TAIL_BUCKETS = 16
 COARSE_CELLS = TOP_CELLS + TAIL_BUCKETS + 1
 
 
+def tested_cells(vocab: int) -> int:
+    """How many cells a law over ``vocab`` tokens is tested on (:func:`coarsened`)."""
+    return vocab if vocab <= COARSEN_ABOVE_VOCAB else COARSE_CELLS
+
+
 def coarsening(law: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(cell_of_token, cell_law)``: a partition of the vocabulary fixed by the exact law alone.
 
@@ -93,7 +98,7 @@ def coarsened(ids: np.ndarray, tokens: np.ndarray, laws: list[np.ndarray],
     """``(cells, cell_laws, cells_per_stratum)``: the tokens and laws of :func:`stratify`, on the
     partition of :func:`coarsening` when ``vocab`` exceeds :data:`COARSEN_ABOVE_VOCAB` (else unchanged).
     The rule depends on the vocabulary and the laws only."""
-    if vocab <= COARSEN_ABOVE_VOCAB:
+    if tested_cells(vocab) == vocab:
         return tokens, laws, vocab
     parts = [coarsening(law) for law in laws]
     cells = np.zeros(len(tokens), dtype=np.int64)

@@ -111,8 +111,13 @@ def _stacks(warpers) -> list[dict[str, Any]]:
 
 
 def cases_for(generators: Iterable[str] | str | None = None, warpers=None, matrix: str | None = None,
-              mode: str = "step", scenario: str = DEFAULT_SCENARIO, max_new_tokens: int = 4) -> list[Case]:
-    """The cases of a run: every generator x warper stack (``--warpers`` stacks, then the matrix's)."""
+              mode: str = "step", scenario: str | None = None, max_new_tokens: int = 4) -> list[Case]:
+    """The cases of a run: every generator x warper stack (``--warpers`` stacks, then the matrix's).
+
+    ``scenario=None``: the stacks run on :data:`DEFAULT_SCENARIO`, and a ``default`` or ``full``
+    matrix adds its real-world slices (:func:`~lossless_check.matrix.real_world_slices`) in the
+    run's step-side mode; a named scenario runs every stack there and nothing else.
+    """
     from .adapters import resolve_generator
     from .matrix import DEFAULT_GENERATORS, matrix as matrix_stacks
 
@@ -122,26 +127,41 @@ def cases_for(generators: Iterable[str] | str | None = None, warpers=None, matri
         generators = [generators]
     resolved = [resolve_generator(g) for g in (generators or DEFAULT_GENERATORS)]
     stacks = _stacks(warpers)
-    if matrix or not stacks:
-        stacks += matrix_stacks(matrix or "default")
+    matrix_name = matrix or (None if stacks else "default")
+    if matrix_name:
+        stacks += matrix_stacks(matrix_name)
     modes = ["all", "generate"] if mode == "all" else [mode]
     cases = []
     for m in modes:
-        chosen = resolve_scenario(scenario, m)
+        chosen = resolve_scenario(scenario or DEFAULT_SCENARIO, m)
         cases += [Case(g, w, m, chosen, max_new_tokens) for g in resolved for w in stacks]
+    if scenario is None and matrix_name:
+        cases += real_world_cases(resolved, matrix_name, modes[0], max_new_tokens)
     return cases
 
 
+def real_world_cases(generators: list, matrix_name: str, mode: str, max_new_tokens: int = 4) -> list[Case]:
+    """The real-world slices of matrix ``matrix_name`` (:func:`~lossless_check.matrix.real_world_slices`)
+    for resolved ``generators``, in ``mode`` (none in generate mode)."""
+    from .matrix import real_world_slices
+
+    if mode == "generate":
+        return []
+    return [Case(g, stack, mode, resolve_scenario(name, mode), max_new_tokens)
+            for name, stack in real_world_slices(matrix_name) for g in generators]
+
+
 def run(generators: Iterable[str] | str | None = None, warpers=None, matrix: str | None = None, mode: str = "step",
-        scenario: str = DEFAULT_SCENARIO, samples: int = DEFAULT_SAMPLES, alpha: float = DEFAULT_ALPHA, seed: int = 0,
+        scenario: str | None = None, samples: int = DEFAULT_SAMPLES, alpha: float = DEFAULT_ALPHA, seed: int = 0,
         workers: int = 1, sequential: bool = True, max_new_tokens: int = 4,
         progress: Callable[[int], None] | None = None) -> RunResult:
     """Check every generator under every warper stack; verdicts control the family-wise rate ``alpha``.
 
     ``generators``: names or ``module:attr`` specs (default: every built-in); ``warpers``: a spec
     string (``"top_k=3,temperature=0.7"``), a dict of ``GenerationConfig`` keywords, or a list of
-    either; ``matrix``: ``smoke``, ``default`` or ``full`` (default when no ``warpers``: ``default``).
-    ``sequential`` (default): a case stops at the first trial its anytime e-value rejects; a clean
+    either; ``matrix``: ``smoke``, ``default`` or ``full`` (default when no ``warpers``: ``default``);
+    ``scenario``: a scenario name (default: ``markov8``, plus the matrix's real-world slices, see
+    :func:`cases_for`). ``sequential`` (default): a case stops at the first trial its anytime e-value rejects; a clean
     case runs to ``samples``. Returns a :class:`~lossless_check.results.RunResult` (``.cases``,
     ``.exit_code``, ``.counts()``).
     """

@@ -30,12 +30,14 @@ _COLOUR = {"lossless": "#c8e6c9", "not_lossless": "#ef9a9a", "error": "#ffe082",
 
 
 def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "default", modes: tuple[str, ...] | None = None,
-         samples: int = 5_000, alpha: float = 1e-6, seed: int = 0, scenario: str = "markov8", workers: int = 1,
+         samples: int = 5_000, alpha: float = 1e-6, seed: int = 0, scenario: str | None = None, workers: int = 1,
          progress: Callable[[int], None] | None = None, sequential: bool = True, batch_size: int | None = None,
          return_result: bool = False, generate_samples: int = 400):
     """Run ``generator_spec`` over a warper matrix, write the three reports into ``out_dir``, return the exit code.
 
-    ``modes`` are :data:`lossless_check.modes.MODES`; by default every mode that applies: ``all``
+    ``scenario=None``: the default scenario, plus the matrix's real-world cases in the first mode
+    (:func:`lossless_check.api.real_world_cases`). ``modes`` are :data:`lossless_check.modes.MODES`;
+    by default every mode that applies: ``all``
     (the statistical step mode with the exact provenance sub-verdict beside it) and ``generate`` (the
     real loop; cases generate mode cannot drive are ``skipped`` with the reason). The exit code is
     :attr:`RunResult.exit_code` (0 every case lossless, 1 otherwise). Bad
@@ -45,15 +47,17 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
     in the loop; each case reports the ``tv_detectable`` that gives.
     """
     from .adapters import resolve_generator
-    from .api import resolve_scenario, run_cases
+    from .api import DEFAULT_SCENARIO, real_world_cases, resolve_scenario, run_cases
     from .matrix import matrix
     from .results import Case
 
     generator = resolve_generator(generator_spec)
     if modes is None:
         modes = ("all", "generate")
-    cases = [Case(generator, stack, mode, resolve_scenario(scenario, mode)) for mode in modes
+    cases = [Case(generator, stack, mode, resolve_scenario(scenario or DEFAULT_SCENARIO, mode)) for mode in modes
              for stack in matrix(matrix_name)]
+    if scenario is None:
+        cases += real_world_cases([generator], matrix_name, modes[0])
     if hasattr(progress, "set_total"):
         progress.set_total(len(cases))
     result = run_cases(cases, samples, alpha, seed, workers, progress, sequential=sequential, batch_size=batch_size,
@@ -95,8 +99,17 @@ def _context(result: RunResult, doc: dict) -> str:
 _COLUMNS = ("generator", "warpers", "mode", "verdict", "n", "TV", "detectable TV", "p (Holm)", "accept", "theory")
 
 
-def _row(c: CaseResult) -> list[str]:
-    return [c.generator, c.warpers, c.mode, c.verdict, str(c.samples or "-"), _fmt(c.tv, ".4f"),
+def _in(c: CaseResult, main_scenario: str) -> str:
+    """``mode``, with the scenario when it is not the run's main one (the real-world cases)."""
+    return c.mode if c.scenario == main_scenario else f"{c.mode}, {c.scenario}"
+
+
+def _main_scenario(result: RunResult) -> str:
+    return result.cases[0].scenario if result.cases else ""
+
+
+def _row(c: CaseResult, main_scenario: str) -> list[str]:
+    return [c.generator, c.warpers, _in(c, main_scenario), c.verdict, str(c.samples or "-"), _fmt(c.tv, ".4f"),
             _fmt(c.tv_detectable, ".4f"), _fmt(c.p_value_adjusted, ".2g"), _fmt(c.acceptance_rate, ".3f"),
             _fmt(c.expected_acceptance_rate, ".3f")]
 
@@ -107,6 +120,7 @@ def to_markdown(result: RunResult, doc: dict, title: str) -> str:
         return text.replace("|", "\\|")
 
     mark = "❌" if any(c.verdict in FAILING for c in result.cases) else "✅"
+    main = _main_scenario(result)
     lines = [f"### {mark} lossless-check gate: `{title}` — {_headline(result)}", "", _context(result, doc), ""]
     for c in result.cases:
         if c.verdict in FAILING:
@@ -114,12 +128,12 @@ def to_markdown(result: RunResult, doc: dict, title: str) -> str:
             facts = [f"failing position{'s' if len(where) > 1 else ''} {', '.join(where)}" if where else "",
                      f"provenance: {c.provenance['verdict']}" if c.provenance else ""]
             facts = "; ".join(f for f in facts if f)
-            lines.append(f"- {_MARK[c.verdict]} **{c.generator}** `{c.warpers}` ({c.mode}): {cell(c.reason)}"
+            lines.append(f"- {_MARK[c.verdict]} **{c.generator}** `{c.warpers}` ({_in(c, main)}): {cell(c.reason)}"
                          + (f" ({cell(facts)})" if facts else ""))
     lines += ["", "<details><summary>All cases</summary>", "",
               "| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
     for c in result.cases:
-        values = _row(c)
+        values = _row(c, main)
         values[3] = f"{_MARK.get(c.verdict, '')} {c.verdict}"
         lines.append("| " + " | ".join(cell(v) for v in values) + " |")
     lines += ["", "</details>", ""]
@@ -170,9 +184,9 @@ def _provenance_table(provenance: dict) -> str:
             f"{rows}</table>")
 
 
-def _failing_section(index: int, c: CaseResult) -> str:
+def _failing_section(index: int, c: CaseResult, main_scenario: str) -> str:
     e = html.escape
-    name = f"{c.generator} [{c.warpers}] ({c.mode})"
+    name = f"{c.generator} [{c.warpers}] ({_in(c, main_scenario)})"
     parts = [f'<section id="case-{index}"><h3>{e(name)}: {e(c.verdict)}</h3>',
              f"<p>{e(c.reason)}</p>"]
     if c.failed_checks:
@@ -200,9 +214,10 @@ def _failing_section(index: int, c: CaseResult) -> str:
 
 def _grid(result: RunResult, anchors: dict[int, int]) -> str:
     e = html.escape
-    rows = list(dict.fromkeys(f"{c.generator} ({c.mode})" for c in result.cases))
+    main = _main_scenario(result)
+    rows = list(dict.fromkeys(f"{c.generator} ({_in(c, main)})" for c in result.cases))
     stacks = list(dict.fromkeys(c.warpers for c in result.cases))
-    cells = {(f"{c.generator} ({c.mode})", c.warpers): (i, c) for i, c in enumerate(result.cases)}
+    cells = {(f"{c.generator} ({_in(c, main)})", c.warpers): (i, c) for i, c in enumerate(result.cases)}
     out = ['<table class="grid"><tr><th>generator (mode) \\ warpers</th>']
     out += [f"<th><code>{e(s)}</code></th>" for s in stacks] + ["</tr>"]
     for row in rows:
@@ -243,10 +258,10 @@ def to_html(result: RunResult, doc: dict, title: str) -> str:
             "<h2>Summary</h2>", _grid(result, anchors)]
     if failing:
         body.append("<h2>Failing cases</h2>")
-        body += [_failing_section(anchors[i], c) for i, c in failing]
+        body += [_failing_section(anchors[i], c, _main_scenario(result)) for i, c in failing]
     body.append('<h2>All cases</h2><table class="cases"><tr>' + "".join(f"<th>{c}</th>" for c in _COLUMNS) + "</tr>")
     for c in result.cases:
-        body.append(f'<tr class="v-{e(c.verdict)}">' + "".join(f"<td>{e(v)}</td>" for v in _row(c)) + "</tr>")
+        body.append(f'<tr class="v-{e(c.verdict)}">' + "".join(f"<td>{e(v)}</td>" for v in _row(c, _main_scenario(result))) + "</tr>")
     body.append("</table>")
     return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>lossless-check gate: {e(title)}'
             f"</title><style>{_STYLE}</style></head><body>{''.join(body)}</body></html>\n")

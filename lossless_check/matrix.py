@@ -114,4 +114,20 @@ def matrix(name: str) -> list[dict[str, Any]]:
 
 
 MATRIX_NAMES = ("smoke", "default", "full")
+
+#: Real-world cases the ``default`` and ``full`` matrices add for every generator, beside their stacks
+#: on the default scenario: ``(scenario, stack)``. A large vocabulary under nucleus sampling (where
+#: raw-logits and tail bugs live; each case costs about 60-80 s of one core at 5,000 trials, as the
+#: drafter's real top-p sorts 32,000 logits per token) and real fast tokenizers (Universal's hash-order
+#: bug). Step-side modes only: generate mode runs them through :func:`lossless_check.check` or
+#: ``--scenario``.
+REAL_WORLD_SLICES: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("zipf32k", {"top_p": 0.9}),
+    ("iid32-fast-tokenizers", {}),
+)
+
+
+def real_world_slices(name: str) -> list[tuple[str, dict[str, Any]]]:
+    """The :data:`REAL_WORLD_SLICES` a named matrix adds (none for ``smoke``)."""
+    return [(scenario, dict(stack)) for scenario, stack in REAL_WORLD_SLICES] if name in ("default", "full") else []
 DEFAULT_GENERATORS: tuple[str, ...] = tuple(ADAPTERS)

@@ -68,20 +68,24 @@ def print_table(result: RunResult, console=None) -> None:
         title_justify="left",
     )
     numeric = ("n", "TV", "detectable TV", "p (Holm)", "accept", "theory")
-    for column in ("generator", "warpers", "mode", "verdict") + numeric + ("note",):
+    # The scenario column only when a run spans several (the matrices' real-world cases).
+    scenarios = len({c.scenario for c in result.cases}) > 1
+    for column in ("generator", "warpers") + (("scenario",) if scenarios else ()) + ("mode", "verdict") + numeric + ("note",):
         table.add_column(column, justify="right" if column in numeric else "left",
                          overflow="fold" if column == "note" else "ellipsis")
     for c in result.cases:
         style = VERDICT_STYLE.get(c.verdict, "")
         table.add_row(
-            c.generator, c.warpers, c.mode, f"[{style}]{c.verdict}[/]", str(c.samples or "-"),
+            c.generator, c.warpers, *((c.scenario,) if scenarios else ()), c.mode, f"[{style}]{c.verdict}[/]",
+            str(c.samples or "-"),
             _fmt(c.tv, ".4f"), _fmt(c.tv_detectable, ".4f"), _fmt(c.p_value_adjusted, ".2g"),
             _fmt(c.acceptance_rate, ".3f"), _fmt(c.expected_acceptance_rate, ".3f"), _note(c),
         )
     console.print(table)
     for c in result.cases:
         if c.verdict in ("not_lossless", "error"):
-            console.print(f"[{VERDICT_STYLE[c.verdict]}]{c.verdict}[/] {c.generator} [{c.warpers}] {c.mode}: {c.reason}",
+            where = f" {c.scenario}" if scenarios else ""
+            console.print(f"[{VERDICT_STYLE[c.verdict]}]{c.verdict}[/] {c.generator} [{c.warpers}]{where} {c.mode}: {c.reason}",
                           highlight=False)
     counts = result.counts()
     console.print(", ".join(f"{n} {v}" for v, n in counts.items() if n), highlight=False)

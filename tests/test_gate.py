@@ -85,3 +85,15 @@ def test_markdown_names_the_failing_position_and_provenance_and_the_html_plots_t
     assert "(failing position 2; provenance: inconsistent)" in markdown
     page = to_html(result, doc, "mymod:Gen")
     assert "Output law at position 2" in page and "Output law at position 1" not in page
+
+
+def test_real_world_cases_get_their_own_row_in_the_reports(tmp_path):
+    """A case on another scenario with the same generator, stack and mode must not hide the main one."""
+    result = _result()
+    result.cases.append(CaseResult("Gen", "none", "all", "iid32-fast-tokenizers", verdict="not_lossless",
+                                   samples=50, reason="output law at position 1"))
+    markdown = to_markdown(result, {"transformers_version": "x", "torch_version": "y"}, "Gen")
+    assert "(all, iid32-fast-tokenizers)" in markdown
+    page = to_html(result, {"transformers_version": "x", "torch_version": "y"}, "Gen")
+    grid = page[page.index('<table class="grid">'):page.index("</table>")]
+    assert "Gen (all, iid32-fast-tokenizers)" in grid and grid.count('class="v-lossless"') == 1

@@ -50,3 +50,20 @@ def test_default_matrix_holds_every_single_entry():
     for entry in available_catalog():
         assert entry.kwargs in default
     assert len(matrix("full")) > len(default) > len(matrix("smoke"))
+
+
+def test_named_matrices_add_their_real_world_cases_on_the_default_scenario_only():
+    from lossless_check.api import cases_for
+    from lossless_check.matrix import REAL_WORLD_SLICES
+
+    generator = "AssistedCandidateGenerator"
+    default = cases_for(generator, matrix="default")
+    extra = [(c.scenario.name, c.warpers, c.mode) for c in default if c.scenario.name != "markov8"]
+    assert extra == [(name, stack, "step") for name, stack in REAL_WORLD_SLICES]
+    assert ("zipf32k", {"top_p": 0.9}, "step") in extra
+    # A named scenario runs every stack there and nothing else; smoke adds nothing; generate mode neither.
+    assert {c.scenario.name for c in cases_for(generator, matrix="default", scenario="iid8")} == {"iid8"}
+    assert {c.scenario.name for c in cases_for(generator, matrix="smoke")} == {"markov8"}
+    assert {c.scenario.name for c in cases_for(generator, matrix="default", mode="generate")} == {"markov8"}
+    # With mode all the real-world cases carry provenance beside step (mode all), not generate.
+    assert {c.mode for c in cases_for(generator, matrix="default", mode="all") if c.scenario.name != "markov8"} == {"all"}

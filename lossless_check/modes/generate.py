@@ -120,7 +120,7 @@ class GenerateCaseResult(CaseResult):
         if self.stopping_violations:
             parts.append(f"{self.stopping_violations} outputs break the length/EOS rules of plain sampling")
         parts.append(f"{self.mean_rounds:.2f} rounds and {self.mean_new_tokens:.2f} tokens per generate() call")
-        return "; ".join(parts)
+        return "; ".join(p for p in parts if p)
 
 
 @dataclass
