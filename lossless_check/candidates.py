@@ -15,8 +15,10 @@ def check_candidates(input_ids, candidate_ids, candidate_logits, vocab_size: int
     """Raise :class:`GeneratorFailure` if a generator's output for ``input_ids`` (``(B, L)``) is malformed.
 
     Expected: ``candidate_ids`` of shape ``(B, L + gamma)`` starting with ``input_ids``, tokens in
-    the vocabulary, at most ``max_length`` long; ``candidate_logits`` ``None`` or of shape
-    ``(B, gamma, vocab_size)`` with no NaN, no ``+inf`` and no row that is ``-inf`` everywhere.
+    the (target's) vocabulary, at most ``max_length`` long; ``candidate_logits`` ``None`` or of shape
+    ``(B, gamma, vocab_size)`` with no NaN, no ``+inf`` and no row that is ``-inf`` everywhere, in
+    any floating dtype (a bf16/fp16 q is what the verifier softmaxes, in that dtype). More columns
+    than the target's vocabulary (a padded drafter head) is an error, as it is for the real verifier.
     """
     rows, length = input_ids.shape
     if not isinstance(candidate_ids, torch.Tensor) or candidate_ids.dim() != 2 or candidate_ids.shape[0] != rows:
@@ -32,6 +34,16 @@ def check_candidates(input_ids, candidate_ids, candidate_logits, vocab_size: int
     if candidate_logits is None:
         return
     gamma = candidate_ids.shape[1] - length
+    if (isinstance(candidate_logits, torch.Tensor) and candidate_logits.dim() == 3
+            and tuple(candidate_logits.shape[:2]) == (rows, gamma) and candidate_logits.shape[2] > vocab_size):
+        # A padded drafter head's q. Not a harness limitation: the real verifier cannot take it either
+        # (5.24 _speculative_sampling, generation/utils.py line 4489, subtracts q from p and raises at
+        # the first rejection); a generator must slice q to the target's columns, and may only if it
+        # never drafts a padded id (fixtures/mutants/assisted_padded_vocabulary.py).
+        raise GeneratorFailure(
+            f"candidate_logits has {candidate_logits.shape[2]} columns for a target vocabulary of {vocab_size} "
+            "(a padded drafter head?): _speculative_sampling raises on it at the first rejection (p - q)"
+        )
     if not isinstance(candidate_logits, torch.Tensor) or tuple(candidate_logits.shape) != (rows, gamma, vocab_size):
         shape = tuple(candidate_logits.shape) if isinstance(candidate_logits, torch.Tensor) else "not a tensor"
         raise GeneratorFailure(f"candidate_logits has shape {shape}, expected {(rows, gamma, vocab_size)}")
