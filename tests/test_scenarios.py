@@ -174,3 +174,164 @@ def test_large_vocabulary_catches_raw_logits_under_top_p(generator, verdict, sam
     the cells at position 1); DFlash passes 5000 trials with tv_detectable 0.133, 81 samples/s."""
     case = lc.check(generator, warpers="top_p=0.9", scenario="zipf32k", samples=samples)
     assert case.verdict == verdict, case.reason
+
+
+# --- Half precision: logits emitted in bf16 / fp16 ------------------------------------------------
+
+HALF_Q = "fixtures.mutants.dflash_half_precision_q:DFlashReturnsHalfPrecisionQ"
+SAMPLING_GENERATORS = ["AssistedCandidateGenerator", "DFlashTokenCandidateGenerator", "EarlyExitCandidateGenerator",
+                       "MTPCandidateGenerator"]
+
+
+def test_scenario_names_in_the_cli_are_the_scenarios():
+    from lossless_check.cli import SCENARIO_NAMES
+
+    assert set(SCENARIO_NAMES) == set(SCENARIOS) | {"tiny-llama"}
+
+
+def test_stubs_emit_logits_in_the_scenario_dtype():
+    import torch
+
+    from lossless_check.stubs import fixed_logits_lm
+
+    scenario = SCENARIOS["markov8-bf16"]
+    model = fixed_logits_lm(scenario.target, prompt_length=len(scenario.prompt))
+    logits = model(torch.tensor([scenario.prompt])).logits
+    assert logits.dtype == torch.bfloat16 and model.dtype == torch.bfloat16
+    assert torch.equal(logits[0, -1], scenario.target.emitted(0, scenario.prompt[-1]))
+    assert scenario.drafter.dtype == "bfloat16"
+
+
+def _top_k_2_support(scenario_name: str) -> int:
+    import torch
+
+    from lossless_check.expected import ExactLaws
+    from lossless_check.stubs import fixed_logits_lm
+    from lossless_check.warpers import capture_processors
+
+    scenario = SCENARIOS[scenario_name]
+    model = fixed_logits_lm(scenario.target, prompt_length=len(scenario.prompt))
+    processors, _ = capture_processors(model, torch.tensor([scenario.prompt]), {"top_k": 2}, 8)
+    return int((ExactLaws(scenario, processors).target(()) > 0).sum())
+
+
+def test_expected_law_is_the_rounded_tables():
+    """The prompt ends with token 4, whose target row ties at ranks 2 and 3 in bf16 only: top_k=2
+    keeps 3 tokens in bf16, 2 in float32."""
+    assert _top_k_2_support("markov8") == 2
+    assert _top_k_2_support("markov8-bf16") == 3
+
+
+@pytest.mark.parametrize("generator", SAMPLING_GENERATORS)
+def test_sampling_generators_are_lossless_in_bf16(generator):
+    """Every generator that samples its drafts upcasts before it samples and returns float32 q
+    (5.24: _sample line 3247 for the assistant's generate(), DFlash candidate_generator.py 1655,
+    MtpModel.forward modeling_layers.py 551). Step mode, 2000 trials, alpha 1e-6 (the false-failure
+    rate); measured 0.4-6 s, TV 0.011-0.015, tv_detectable 0.11."""
+    case = lc.check(generator, warpers="top_k=2", scenario="markov8-bf16", samples=2000)
+    assert case.verdict == "lossless", case.reason
+
+
+def test_expected_law_of_the_unrounded_table_fails_a_lossless_generator(monkeypatch):
+    """Negative control of the rounding in :mod:`lossless_check.expected`: laws of the float32 table
+    (stubs still emitting bf16) call the third token of the bf16 tie impossible, and real DFlash fails
+    on support as soon as it emits it (probability 0.22 at position 1; measured, seed 0: stops at
+    125 trials, failed check ``support``)."""
+    import torch
+
+    from lossless_check.tables import FixedLogits
+
+    monkeypatch.setattr(FixedLogits, "emitted",
+                        lambda self, i, t: torch.tensor(self.logits(i, t), dtype=torch.float32))
+    case = lc.check("DFlashTokenCandidateGenerator", warpers="top_k=2", scenario="markov8-bf16", samples=2000)
+    assert case.verdict == "not_lossless" and "support" in case.failed_checks, case.reason
+
+
+@pytest.mark.parametrize("scenario", ["markov8-bf16", "zipf32k-bf16", "zipf32k-fp16"])
+def test_half_precision_q_is_caught_by_provenance(scenario):
+    """The mutant's q is a softmax in half precision of the logits whose float32 softmax it sampled
+    from: row TV 5.8e-5 (fp16) to 7e-4 (bf16), far below any statistical run (tv_detectable 0.11 at
+    2000 trials) and above provenance's 1e-5. Provenance is exact (zero variance): 3 calls, < 1 s."""
+    case = lc.check(HALF_Q, warpers="none", scenario=scenario, mode="provenance")
+    assert case.verdict == "not_lossless", case.reason
+    real = lc.check("DFlashTokenCandidateGenerator", warpers="none", scenario=scenario, mode="provenance")
+    assert real.verdict == "lossless", real.reason
+
+
+def test_half_precision_q_mutant_is_consistent_in_float32():
+    """The control: on a float32 scenario the mutant's cast does nothing."""
+    case = lc.check(HALF_Q, warpers="none", scenario="zipf32k", mode="provenance")
+    assert case.verdict == "lossless", case.reason
+
+
+def test_dflash_without_processors_returns_a_half_precision_q():
+    """Transformers 5.24, latent: ``DFlashTokenCandidateGenerator`` built with ``logits_processor=None``
+    samples from ``softmax(candidate_logits, dtype=torch.float32)`` and returns the bf16 logits
+    (candidate_generator.py lines 1668-1677), so the verifier's q (a bf16 softmax, utils.py 4464) is
+    not the law drafted from. ``generate()`` always passes a LogitsProcessorList (utils.py 1358-1364),
+    which takes the upcasting branch (1652-1666): not reachable from ``generate()``."""
+    import dataclasses
+
+    import torch
+
+    from lossless_check.api import cases_for
+    from lossless_check.modes.provenance import Interception, compare_row, match_draws
+    from lossless_check.modes.step import StepCase
+
+    [case] = cases_for(["DFlashTokenCandidateGenerator"], "none", None, "step", "markov8-bf16", 4)[:1]
+    step = StepCase(case)
+    for processors, dtype, consistent in [(None, torch.bfloat16, False), (step.processors, torch.float32, True)]:
+        session = case.generator.adapter.session(dataclasses.replace(step.context(), processors=processors))
+        with Interception(8) as seen:
+            ids, logits = session.draft(step.prompt_ids)
+        assert logits.dtype == dtype
+        draws = match_draws(seen.draws, ids[0, len(case.scenario.prompt):].tolist())
+        rows = [compare_row(d, torch.softmax(logits[0], -1)[j], j + 1) for j, d in enumerate(draws)]
+        assert all(r.consistent for r in rows) is consistent, rows
+
+
+# --- A padded drafter vocabulary ------------------------------------------------------------------
+
+PADDED = "fixtures.mutants.assisted_padded_vocabulary:"
+
+
+@pytest.mark.parametrize("mode, message", [("step", "outside the vocabulary"),
+                                           ("generate", "different tokenizers")])
+def test_assisted_with_a_padded_drafter_is_an_error_as_in_transformers(mode, message):
+    """5.24 cannot take the pair: generate() refuses it (utils.py 1910-1918), and the plain generator
+    drafts padded ids (23% of the drafter's mass) the target cannot embed."""
+    case = lc.check("AssistedCandidateGenerator", warpers="none", scenario="iid8-padded-drafter", mode=mode,
+                    samples=500)
+    assert case.verdict == "error" and message in case.reason, case.reason
+
+
+def test_padded_q_is_named_as_the_error_the_verifier_raises():
+    import torch
+
+    from lossless_check.candidates import check_candidates
+    from lossless_check.errors import GeneratorFailure
+    from transformers.generation.utils import _speculative_sampling
+
+    ids = torch.tensor([[3, 1, 4, 2, 2, 2]])
+    q, p = torch.zeros(1, 3, 16), torch.zeros(1, 4, 8)
+    with pytest.raises(GeneratorFailure, match="16 columns for a target vocabulary of 8"):
+        check_candidates(ids[:, :3], ids, q, 8, 64)
+    # Token 2 drafted with q(2) ~ 1 and p(2) = 0: rejected for sure, so the verifier reaches p - q.
+    q[..., 2] = 10.0
+    p[..., 2] = float("-inf")
+    with pytest.raises(RuntimeError, match="must match"):
+        _speculative_sampling(ids, q, 3, p)
+
+
+@pytest.mark.parametrize("generator, scenario, verdict", [
+    ("AssistedSuppressesPadding", "iid8-padded-drafter", "lossless"),
+    ("AssistedClampsPaddedDrafts", "iid8-padded-drafter", "not_lossless"),
+    ("AssistedClampsPaddedDrafts", "iid8", "lossless"),
+])
+def test_padded_drafter_fixes(generator, scenario, verdict):
+    """Step mode, 2000 trials, alpha 1e-6. Measured (seed 0): the clamping mutant stops after 20
+    trials (TV 0.32 at position 1: the padding's 23% moved onto token 7); the correct fix passes
+    2000 trials (TV 0.035, tv_detectable 0.118, 5 s), and so does the mutant without padding (its
+    clamp and slice then do nothing)."""
+    case = lc.check(PADDED + generator, warpers="none", scenario=scenario, samples=2000)
+    assert case.verdict == verdict, case.reason
