@@ -71,13 +71,25 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=positive_int, default=600, metavar="S",
                      help="seconds a chunk of 1000 trials may take before its case is an error (default 600)")
     run.add_argument("--json", metavar="PATH", help="write the JSON report here")
+    run.add_argument("--repro", metavar="DIR", help="write a standalone reproduction script for every failing case here")
     gate = sub.add_parser("gate", help="pre-merge gate: every mode that applies over a matrix; JSON, Markdown, HTML")
     gate.add_argument("--generator", required=True, metavar="NAME|module:attr")
     gate.add_argument("--out", default="lossless-gate", metavar="DIR", help="report directory (default lossless-gate)")
     gate.add_argument("--matrix", choices=MATRICES, default="default", help="warper stacks (default: default)")
     gate.add_argument("--generate-samples", type=positive_int, default=400, metavar="N",
                       help="trials per generate-mode case (the real loop, one sequence at a time; default 400)")
+    gate.add_argument("--repro", metavar="DIR", help="write a standalone reproduction script for every failing case here")
     _common(gate, f"trials per case (default {DEFAULT_SAMPLES})")
+    repro = sub.add_parser("repro", help="write a standalone script (torch and transformers only) that runs one case "
+                                         "through the real generate() and exits 1 when it is not lossless")
+    repro.add_argument("--generator", required=True, metavar="NAME")
+    repro.add_argument("--warpers", default="none", metavar="k=v,k=v", help="the warper stack (default none)")
+    repro.add_argument("--scenario", default=DEFAULT_SCENARIO, help=f"a fixed-logits scenario (default {DEFAULT_SCENARIO})")
+    repro.add_argument("--max-new-tokens", type=positive_int, default=4, metavar="K",
+                       help="tokens per generate() call (default 4)")
+    repro.add_argument("--samples", type=positive_int, default=None,
+                       help="most generate() calls the script makes (default 1000; it stops at its first rejection)")
+    repro.add_argument("--out", default="repro.py", metavar="PATH", help="where to write the script (default repro.py)")
     mutants = sub.add_parser("mutants", help="mutation self-test: every mutant of fixtures/mutants (run from the repo root)")
     mutants.add_argument("--samples", type=positive_int, default=DEFAULT_SAMPLES, help="most trials per mutant")
     mutants.add_argument("--alpha", type=probability, default=1e-6)
@@ -97,7 +109,8 @@ def _precheck(args) -> None:
         if ":" not in spec.strip() and spec.strip() not in BUILTIN_GENERATORS:
             raise UsageError(f"unknown generator {spec.strip()!r}; known: {', '.join(sorted(BUILTIN_GENERATORS))} "
                              "(or module:attr)")
-    for spec in getattr(args, "warpers", None) or []:
+    warpers = getattr(args, "warpers", None) or []
+    for spec in [warpers] if isinstance(warpers, str) else warpers:
         split_warpers(spec)
     if args.scenario is not None and args.scenario not in SCENARIO_NAMES:
         raise UsageError(f"unknown scenario {args.scenario!r}; known: {', '.join(SCENARIO_NAMES)}")
@@ -142,7 +155,20 @@ def _run(args) -> int:
     print_table(result)
     if args.json:
         write_json(result, args.json)
+    if args.repro:
+        from .repro import write_repros
+
+        print("\n".join(write_repros(cases, result.cases, args.repro)))
     return result.exit_code
+
+
+def _repro(args) -> int:
+    from .api import cases_for
+    from .repro import write_repro
+
+    [case] = cases_for(args.generator, args.warpers, None, "generate", args.scenario, args.max_new_tokens)
+    print(f"wrote {write_repro(case, args.out, samples=args.samples)}: run it with python (exit 1: not lossless)")
+    return EXIT_OK
 
 
 def _gate(args) -> int:
@@ -157,7 +183,7 @@ def _gate(args) -> int:
         result, code = gate(args.generator, args.out, matrix_name=args.matrix, samples=args.samples, alpha=args.alpha,
                             seed=args.seed, scenario=args.scenario, workers=args.workers, sequential=not args.fixed,
                             progress=advance, batch_size=args.batch_size, return_result=True,
-                            generate_samples=args.generate_samples)
+                            generate_samples=args.generate_samples, repro_dir=args.repro)
     from .report import print_table
 
     print_table(result)
@@ -186,7 +212,7 @@ def _mutants(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        if args.command in ("run", "gate"):
+        if args.command in ("run", "gate", "repro"):
             _precheck(args)
         if args.command == "list":
             from .listing import print_listing
@@ -201,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
             return _gate(args)
         if args.command == "mutants":
             return _mutants(args)
+        if args.command == "repro":
+            return _repro(args)
         return _run(args)
     except UsageError as exc:
         print(f"lossless-check: error: {exc}", file=sys.stderr)
