@@ -30,3 +30,32 @@ from hypothesis import settings  # noqa: E402
 settings.register_profile("ci", max_examples=40, deadline=None, derandomize=True)
 settings.register_profile("deep", max_examples=1000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="session")
+def clean_python(tmp_path_factory):
+    """A Python in a fresh virtual environment where torch and transformers import and lossless_check
+    does not: the environment sees the directories that hold torch, transformers and their
+    dependencies through a ``.pth`` file, and none of the editable-install hooks (``.pth`` files
+    listed there are not processed, so the ``lossless_check`` finder is never installed)."""
+    import subprocess
+    import sys
+    import sysconfig
+    import venv
+    from pathlib import Path
+
+    import transformers
+
+    root = tmp_path_factory.mktemp("clean-venv")
+    venv.EnvBuilder(with_pip=False, system_site_packages=False).create(root)
+    python = root / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    parents = dict.fromkeys(str(Path(m.__file__).resolve().parents[1]) for m in (torch, transformers, np))
+    parents.update(dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]))
+    (Path(purelib) / "parent_packages.pth").write_text("\n".join(parents) + "\n")
+    probe = "import torch, transformers, importlib.util as u; print(u.find_spec('lossless_check') is None)"
+    out = subprocess.run([python, "-c", probe], capture_output=True, text=True, cwd=root,
+                         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert out.returncode == 0 and out.stdout.strip() == "True", (out.stdout, out.stderr[-2000:], sys.executable)
+    return python

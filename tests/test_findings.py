@@ -1,7 +1,8 @@
 """The standalone reproductions in ``findings/`` run without lossless_check and give their verdicts.
 
-Each script is run in a subprocess where ``import lossless_check`` (and scipy) fails, from a
-directory outside the repository: it must build its models inline and decide with its own
+Each script is run in a fresh virtual environment where ``import lossless_check`` fails
+(``clean_python`` in conftest.py: only the directories holding torch, transformers and their
+dependencies are visible), from a directory outside the repository: it must build its models inline and decide with its own
 statistics. The expected exit code of each bug run depends on the installed transformers release,
 through ``AFFECTED`` (the releases whose source has the bug; see each finding's README.md). The
 controls (the same run with the bug's cause removed) must exit 0 on every release.
@@ -18,7 +19,6 @@ from __future__ import annotations
 import ast
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -47,19 +47,11 @@ def affected(finding: str) -> bool:
     return Version(first).release <= INSTALLED and (fixed is None or INSTALLED < Version(fixed).release)
 
 
-def run_repro(finding: str, *args: str, tmp_path: Path) -> subprocess.CompletedProcess:
-    script = FINDINGS / finding / "repro.py"
-    code = (
-        "import sys, runpy; "
-        "sys.modules['lossless_check'] = None; sys.modules['scipy'] = None; "
-        f"sys.argv = {[str(script), *args]!r}; "
-        f"runpy.run_path({str(script)!r}, run_name='__main__')"
-    )
+def run_repro(python, finding: str, *args: str, tmp_path: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("PYTHONPATH", None)
-    return subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
-    )
+    return subprocess.run([str(python), str(FINDINGS / finding / "repro.py"), *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
 
 
 def check_exit(proc: subprocess.CompletedProcess, expected: int) -> None:
@@ -71,28 +63,28 @@ def check_exit(proc: subprocess.CompletedProcess, expected: int) -> None:
 
 
 @pytest.mark.slow
-def test_universal_permuted_q_reproduces(tmp_path):
-    proc = run_repro("universal_permuted_q", "--samples", "800", tmp_path=tmp_path)
+def test_universal_permuted_q_reproduces(clean_python, tmp_path):
+    proc = run_repro(clean_python, "universal_permuted_q", "--samples", "800", tmp_path=tmp_path)
     check_exit(proc, 1 if affected("universal_permuted_q") else 0)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("control", ["--id-ordered-vocab", "--fixed"])
-def test_universal_permuted_q_controls_are_lossless(tmp_path, control):
+def test_universal_permuted_q_controls_are_lossless(clean_python, tmp_path, control):
     """The assistant's get_vocab() in id order, or the proposed fix applied: lossless."""
-    proc = run_repro("universal_permuted_q", "--samples", "500", control, tmp_path=tmp_path)
+    proc = run_repro(clean_python, "universal_permuted_q", "--samples", "500", control, tmp_path=tmp_path)
     check_exit(proc, 0)
 
 
 @pytest.mark.slow
-def test_single_position_greedy_q_reproduces(tmp_path):
-    proc = run_repro("single_position_greedy_q", "--samples", "600", tmp_path=tmp_path)
+def test_single_position_greedy_q_reproduces(clean_python, tmp_path):
+    proc = run_repro(clean_python, "single_position_greedy_q", "--samples", "600", tmp_path=tmp_path)
     check_exit(proc, 1 if affected("single_position_greedy_q") else 0)
 
 
 @pytest.mark.slow
-def test_single_position_greedy_q_one_hot_q_is_lossless(tmp_path):
-    proc = run_repro("single_position_greedy_q", "--samples", "500", "--one-hot-q", tmp_path=tmp_path)
+def test_single_position_greedy_q_one_hot_q_is_lossless(clean_python, tmp_path):
+    proc = run_repro(clean_python, "single_position_greedy_q", "--samples", "500", "--one-hot-q", tmp_path=tmp_path)
     check_exit(proc, 0)
 
 

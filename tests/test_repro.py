@@ -1,0 +1,106 @@
+"""``lossless-check repro``: generated scripts run in a clean environment and give the harness's verdict.
+
+Each script runs in a fresh virtual environment where ``lossless_check`` cannot be imported
+(``clean_python``), from a directory outside the repository. A script exits 1 with probability at
+most its alpha (1e-6) for a lossless generator, at any sample size (an e-value); the bug runs
+below stop at their first rejection (Universal: about 200 calls at first-token TV 0.25).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lossless_check.api import cases_for
+from lossless_check.cli import main
+from lossless_check.repro import SUPPORTED, script_for, write_repro
+
+UNIVERSAL = "UniversalSpeculativeDecodingGenerator"
+ALLOWED_IMPORTS = {"argparse", "math", "sys", "time", "torch", "transformers", "tokenizers"}
+FINDINGS = Path(__file__).resolve().parents[1] / "findings"
+
+
+def run_script(python, script: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["OMP_NUM_THREADS"] = "1"
+    return subprocess.run([str(python), str(script), *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def check_exit(proc: subprocess.CompletedProcess, expected: int) -> None:
+    assert proc.returncode == expected, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
+    assert "verdict:" in proc.stdout
+
+
+def repro(tmp_path, generator, warpers="none", scenario="markov8", max_new_tokens=4, samples=None) -> Path:
+    [case] = cases_for(generator, warpers, None, "generate", scenario, max_new_tokens)
+    return write_repro(case, tmp_path / "repro.py", samples=samples)
+
+
+@pytest.mark.parametrize("args, expected", [((), 1), (("--tokenizers", "id-ordered"), 0), (("--plain",), 0)])
+def test_universal_with_fast_tokenizers_reproduces_and_its_controls_do_not(clean_python, tmp_path, args, expected):
+    """The bug run (5.24.0: stops near 200 calls) and two controls at 600 calls: the same tokenizers
+    with get_vocab() in id order, and plain sampling without a drafter."""
+    script = repro(tmp_path, UNIVERSAL, scenario="iid32-fast-tokenizers", samples=3000 if expected else 600)
+    check_exit(run_script(clean_python, script, *args, cwd=tmp_path), expected)
+
+
+@pytest.mark.parametrize("generator, warpers", [
+    ("AssistedCandidateGenerator", "top_k=3,min_new_tokens=2,eos_token_id=5"),
+    ("PromptLookupCandidateGenerator", "repetition_penalty=2.0"),
+    ("AssistedCandidateGeneratorDifferentTokenizers", "none"),
+])
+def test_lossless_generators_exit_0(clean_python, tmp_path, generator, warpers):
+    """Negative controls of the script's own checks: history-dependent and EOS warpers (the reference
+    forced along each prefix must keep min_new_tokens and the penalty), prompt lookup, greedy."""
+    script = repro(tmp_path, generator, warpers, samples=300)
+    check_exit(run_script(clean_python, script, cwd=tmp_path), 0)
+
+
+def test_script_imports_only_torch_and_transformers(tmp_path):
+    tree = ast.parse(repro(tmp_path, UNIVERSAL).read_text())
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported.add((node.module or "").split(".")[0])
+    assert imported <= ALLOWED_IMPORTS, imported - ALLOWED_IMPORTS
+
+
+def test_repro_command_writes_a_script_and_refuses_what_it_cannot_build(tmp_path, capsys):
+    out = tmp_path / "u.py"
+    assert main(["repro", "--generator", UNIVERSAL, "--scenario", "iid32-fast-tokenizers", "--out", str(out)]) == 0
+    assert out.read_text() == script_for(cases_for(UNIVERSAL, "none", None, "generate", "iid32-fast-tokenizers")[0])
+    assert main(["repro", "--generator", "MTPCandidateGenerator", "--out", str(tmp_path / "m.py")]) == 2
+    err = capsys.readouterr().err
+    assert "no standalone builder for MTPCandidateGenerator" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "m.py").exists()
+
+
+def test_run_writes_a_script_for_each_failing_case(tmp_path, capsys):
+    code = main(["run", "--generator", UNIVERSAL, "--generator", "AssistedCandidateGenerator", "--warpers", "none",
+                 "--samples", "300", "--quiet", "--repro", str(tmp_path)])
+    assert code == 1
+    scripts = sorted(p.name for p in tmp_path.glob("*.py"))
+    assert scripts == ["repro_UniversalSpeculativeDecodingGenerator_none_step_markov8.py"]
+    assert "not lossless on transformers" in (tmp_path / scripts[0]).read_text()
+
+
+def test_generated_finding_is_current():
+    """findings/universal_permuted_q/generated_repro.py is what `lossless-check repro` writes today."""
+    [case] = cases_for(UNIVERSAL, "none", None, "generate", "iid32-fast-tokenizers")
+    assert (FINDINGS / "universal_permuted_q" / "generated_repro.py").read_text() == script_for(case), (
+        "regenerate: lossless-check repro --generator UniversalSpeculativeDecodingGenerator "
+        "--scenario iid32-fast-tokenizers --out findings/universal_permuted_q/generated_repro.py")
+
+
+def test_supported_families_are_built_in_generators():
+    from lossless_check.builtin import BUILTIN_GENERATORS
+
+    assert set(SUPPORTED) <= set(BUILTIN_GENERATORS)
