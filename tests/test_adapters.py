@@ -165,9 +165,9 @@ def test_universal_speculative_decoding_is_not_lossless_because_pruned_logits_ar
 
 def test_universal_speculative_decoding_is_lossless_when_the_vocabulary_iterates_in_id_order(monkeypatch):
     """Control for the test above: the same run, with ``get_vocab()`` in id order, is lossless."""
-    import lossless_check.adapters.universal as universal
+    import lossless_check.adapters.vocabularies as vocabularies
 
-    build = universal.word_level_tokenizer
+    build = vocabularies.word_level_tokenizer
 
     def id_ordered(words):
         tokenizer = build(words)
@@ -175,7 +175,7 @@ def test_universal_speculative_decoding_is_lossless_when_the_vocabulary_iterates
         tokenizer.get_vocab = lambda: dict(sorted(vocab().items(), key=lambda item: item[1]))
         return tokenizer
 
-    monkeypatch.setattr(universal, "word_level_tokenizer", id_ordered)
+    monkeypatch.setattr(vocabularies, "word_level_tokenizer", id_ordered)
     case = run_one("UniversalSpeculativeDecodingGenerator", 1000)
     assert case.verdict == "lossless", case.reason
     assert "acceptance_law" not in case.diagnostics  # the pruned assistant drafts from the drafter table
