@@ -8,10 +8,8 @@ below stop at their first rejection (Universal: about 200 calls at first-token T
 
 from __future__ import annotations
 
-import ast
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,10 +17,9 @@ import pytest
 from lossless_check.api import cases_for
 from lossless_check.cli import main
 from lossless_check.repro import SUPPORTED, script_for, write_repro
+from test_findings import ALLOWED_IMPORTS, FINDINGS, imported_modules
 
 UNIVERSAL = "UniversalSpeculativeDecodingGenerator"
-ALLOWED_IMPORTS = {"argparse", "math", "sys", "time", "torch", "transformers", "tokenizers"}
-FINDINGS = Path(__file__).resolve().parents[1] / "findings"
 
 
 def run_script(python, script: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -63,13 +60,7 @@ def test_lossless_generators_exit_0(clean_python, tmp_path, generator, warpers):
 
 
 def test_script_imports_only_torch_and_transformers(tmp_path):
-    tree = ast.parse(repro(tmp_path, UNIVERSAL).read_text())
-    imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            imported.add((node.module or "").split(".")[0])
+    imported = imported_modules(repro(tmp_path, UNIVERSAL).read_text())
     assert imported <= ALLOWED_IMPORTS, imported - ALLOWED_IMPORTS
 
 
