@@ -18,8 +18,9 @@ EXIT_OK, EXIT_NOT_LOSSLESS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 #: Trials per case: position 1 then detects a TV of about 0.07 (vocabulary 8, family alpha 1e-6).
 DEFAULT_SAMPLES = 5_000
 DEFAULT_SCENARIO = "markov8"
-SCENARIO_NAMES = ("markov8", "iid8", "iid32-fast-tokenizers", "iid32-id-ordered-vocab", "zipf32k", "markov8-bf16",
-                  "zipf32k-bf16", "zipf32k-fp16", "iid8-padded-drafter", "tiny-llama")
+SCENARIO_NAMES = ("markov8", "iid8", "iid32-fast-tokenizers", "iid32-id-ordered-vocab", "bpe-fast-tokenizers",
+                  "bpe-id-ordered-vocab", "zipf32k", "markov8-bf16", "zipf32k-bf16", "zipf32k-fp16",
+                  "iid8-padded-drafter", "tiny-llama")
 MATRICES = ("smoke", "default", "full")
 
 

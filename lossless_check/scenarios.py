@@ -14,6 +14,10 @@ import numpy as np
 from .errors import UsageError
 from .tables import FixedLogits
 
+#: How a scenario's tokenizers give their vocabulary (:data:`.adapters.vocabularies.TOKENIZER_KINDS`;
+#: repeated here so that this module imports neither torch nor ``tokenizers``).
+TOKENIZER_KINDS = ("stub", "fast", "id-ordered", "bpe", "bpe-id-ordered")
+
 
 @dataclass(frozen=True)
 class Scenario:
@@ -28,7 +32,9 @@ class Scenario:
     #: DifferentTokenizers; others ignore it): ``stub`` (word-level, ``get_vocab()`` in alphabetical
     #: order, deterministic), ``fast`` (plain ``tokenizers``-library fast tokenizers, nothing
     #: overridden: ``get_vocab()`` in the library's hash-map order) or ``id-ordered`` (the same fast
-    #: tokenizers with ``get_vocab()`` in id order: the control). See :mod:`.adapters.vocabularies`.
+    #: tokenizers with ``get_vocab()`` in id order: the control); ``bpe`` and ``bpe-id-ordered``: the
+    #: same two orders over byte-level BPE tokenizers trained offline, whose target vocabulary must be
+    #: the scenario's (300 tokens). See :mod:`.adapters.vocabularies`.
     tokenizers: str = "stub"
     #: What the scenario is for, shown by ``lossless-check list``.
     description: str = ""
@@ -55,8 +61,8 @@ class Scenario:
             raise UsageError(f"scenario {self.name!r}: the prompt must hold at least one token")
         if any(not 0 <= t < self.vocab_size for t in self.prompt):
             raise UsageError(f"scenario {self.name!r}: prompt tokens must lie in [0, {self.vocab_size})")
-        if self.tokenizers not in ("stub", "fast", "id-ordered"):
-            raise UsageError(f"scenario {self.name!r}: tokenizers must be stub, fast or id-ordered")
+        if self.tokenizers not in TOKENIZER_KINDS:
+            raise UsageError(f"scenario {self.name!r}: tokenizers must be one of {', '.join(TOKENIZER_KINDS)}")
         if self.gamma < 1:
             raise UsageError(f"scenario {self.name!r}: gamma must be >= 1")
 
@@ -124,6 +130,48 @@ ID_ORDERED_VOCAB = replace(
     name="iid32-id-ordered-vocab",
     tokenizers="id-ordered",
     description="control of iid32-fast-tokenizers: the same tokenizers, get_vocab() in id order",
+)
+
+#: Vocabulary of the byte-level BPE scenarios: the target BPE tokenizer's (256 byte tokens, ids 0-255,
+#: then 44 merges, :mod:`.adapters.vocabularies`). The assistant's has 290 (``<|endoftext|>``, the
+#: bytes, 33 merges); 268 tokens are shared (the bytes and 12 merges), every one under another id.
+VOCAB_BPE = 300
+#: The target BPE's single-byte tokens: ids below this.
+_BPE_BYTES = 256
+#: Seeded logits over the target BPE vocabulary, 4 lower on the single-byte tokens, as a model that
+#: has learnt the merges puts little mass on raw bytes: 15% of the target's mass on the 256 bytes,
+#: 49% on the 32 target-only merges (q = 0 there for Universal: the residual must supply them), 35%
+#: on the 12 shared merges. The drafter adds seeded noise; its seed makes the assistant's argmax the
+#: target's (``Ġon``), so greedy drafts of DifferentTokenizers get accepted.
+_BPE_BASE = _seeded(20261204, (VOCAB_BPE,), 1.4) - 4.0 * (np.arange(VOCAB_BPE) < _BPE_BYTES)
+#: "the cat sat on the mat and the dog sat on the" in target BPE ids (12 tokens; 20 for the
+#: assistant): ASCII text that decodes and re-encodes exactly, as the generators re-tokenize the
+#: prompt through text. Longer than DifferentTokenizers' look-behind windows (10 tokens each side,
+#: 5.24 ``candidate_generator.py`` 554/598): with a shorter assistant prompt, line 598's negative
+#: start index re-reads only the tail of the drafts and the generator proposes nothing (measured with
+#: "the cat sat on the": no candidates in the first two rounds; greedy verification stays lossless).
+_BPE_PROMPT = (257, 271, 284, 272, 259, 279, 269, 259, 268, 284, 272, 259)
+
+#: Universal and DifferentTokenizers with byte-level BPE fast tokenizers trained offline on two
+#: corpora (different but overlapping vocabularies), nothing overridden: ``get_vocab()`` in the
+#: library's hash order.
+BPE_FAST_TOKENIZERS = Scenario(
+    name="bpe-fast-tokenizers",
+    target=FixedLogits.iid(_BPE_BASE),
+    drafter=FixedLogits.iid(_BPE_BASE + _seeded(6, (VOCAB_BPE,), 0.8)),
+    prompt=_BPE_PROMPT,
+    gamma=3,
+    tokenizers="bpe",
+    description="byte-level BPE fast tokenizers (300 and 290 tokens, 268 shared, hash-ordered get_vocab) "
+                "for the generators with two vocabularies",
+)
+
+#: The control of :data:`BPE_FAST_TOKENIZERS`: the same tokenizers with ``get_vocab()`` in id order.
+BPE_ID_ORDERED_VOCAB = replace(
+    BPE_FAST_TOKENIZERS,
+    name="bpe-id-ordered-vocab",
+    tokenizers="bpe-id-ordered",
+    description="control of bpe-fast-tokenizers: the same BPE tokenizers, get_vocab() in id order",
 )
 
 #: Vocabulary of the large scenario: the size of Llama 2's.
@@ -205,5 +253,6 @@ PADDED_DRAFTER = Scenario(
     description=f"iid8 with the drafter's lm_head padded to {VOCAB + DRAFTER_PADDING} columns (padding logits 0)",
 )
 
-SCENARIOS = {s.name: s for s in (DEFAULT, IID, FAST_TOKENIZERS, ID_ORDERED_VOCAB, LARGE_VOCAB, MARKOV_BF16,
-                                 LARGE_VOCAB_BF16, LARGE_VOCAB_FP16, PADDED_DRAFTER)}
+SCENARIOS = {s.name: s for s in (DEFAULT, IID, FAST_TOKENIZERS, ID_ORDERED_VOCAB, BPE_FAST_TOKENIZERS,
+                                 BPE_ID_ORDERED_VOCAB, LARGE_VOCAB, MARKOV_BF16, LARGE_VOCAB_BF16, LARGE_VOCAB_FP16,
+                                 PADDED_DRAFTER)}

@@ -35,6 +35,7 @@ class DifferentTokenizersAdapter(GeneratorAdapter):
             ctx.scenario.drafter,
             prompt_length=len(ctx.scenario.prompt),
             vocab_size=vocab,
+            tokenizers=ctx.scenario.tokenizers,
             **constant_drafts(ctx.scenario.gamma),
         )
         target_tokenizer, assistant_tokenizer = tokenizer_pair(ctx.scenario.tokenizers, vocab)

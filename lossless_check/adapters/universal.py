@@ -36,6 +36,7 @@ class UniversalAdapter(GeneratorAdapter):
             ctx.scenario.drafter,
             prompt_length=len(ctx.scenario.prompt),
             vocab_size=vocab,
+            tokenizers=ctx.scenario.tokenizers,
             **constant_drafts(ctx.scenario.gamma),
         )
         translator = AssistantVocabTranslatorCache.get_translator(

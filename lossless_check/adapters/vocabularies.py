@@ -1,10 +1,20 @@
 """Two tokenizers with different vocabularies, and a drafter stub that speaks the assistant's one.
 
 For the generators that translate between tokenizers (``UniversalSpeculativeDecodingGenerator``,
-``AssistedCandidateGeneratorDifferentTokenizers``). Both tokenizers are word-level, built in memory
-with the ``tokenizers`` library: every target token is one word, so text round-trips exactly. The
-assistant's vocabulary holds every target word under a different id, plus words the target does
-not know, so the generator must really map ids and drop the assistant-only words.
+``AssistedCandidateGeneratorDifferentTokenizers``). Two families, both built in memory with the
+``tokenizers`` library, nothing downloaded:
+
+- word-level (kinds ``stub``, ``fast``, ``id-ordered``): every target token is one word, so text
+  round-trips exactly. The assistant's vocabulary holds every target word under a different id,
+  plus words the target does not know, so the generator must really map ids and drop the
+  assistant-only words;
+- byte-level BPE (kinds ``bpe``, ``bpe-id-ordered``): two GPT-2-style tokenizers trained offline,
+  deterministically, on two fixed corpora (:data:`BPE_TARGET_CORPUS`, :data:`BPE_ASSISTANT_CORPUS`).
+  Different but overlapping vocabularies: both hold the 256 byte tokens, and some merges
+  (``Ġthe``, ``Ġon``...) are shared, others are one side's only (``Ġcat``, ``Ġship``). The
+  assistant's ``<|endoftext|>`` (a special token the target lacks) takes id 0, so every shared token
+  has a different id on each side. Target tokens the assistant lacks are re-tokenized through text
+  by the generators, into several assistant tokens.
 
 The drafter table is re-expressed over the assistant's ids (columns, and rows of a Markov table,
 moved to where each word lives there); assistant-only words get finite logits, so a generator
@@ -13,10 +23,12 @@ that fails to exclude them would draft them.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
-from ..errors import NotApplicable
+from ..errors import NotApplicable, UsageError
 from ..stubs import DENSE_WEIGHTS_MAX_VOCAB, FixedLogitsLM, fixed_logits_lm
 from ..tables import FixedLogits
 
@@ -61,7 +73,9 @@ def word_level_tokenizer(words: list[str]):
 
 
 #: How a scenario's tokenizers give their vocabulary (``Scenario.tokenizers``).
-TOKENIZER_KINDS = ("stub", "fast", "id-ordered")
+TOKENIZER_KINDS = ("stub", "fast", "id-ordered", "bpe", "bpe-id-ordered")
+#: The byte-level BPE kinds: the target's vocabulary is the trained target tokenizer's.
+BPE_KINDS = ("bpe", "bpe-id-ordered")
 
 
 def _word_level_backend(words: list[str]):
@@ -97,12 +111,105 @@ def id_ordered_tokenizer(words: list[str]):
     return IdOrderedVocabTokenizer(tokenizer_object=_word_level_backend(words))
 
 
+# --- Byte-level BPE ------------------------------------------------------------------------------
+
+#: The target's training corpus (cats and dogs) ...
+BPE_TARGET_CORPUS = (
+    "the cat sat on the mat and the dog sat on the rug",
+    "a red cat ran under the blue table while the old dog slept",
+    "the old cat and the young dog ran to the red door",
+    "cats and dogs sit on mats and rugs in the house",
+)
+#: ... and the assistant's (ships and the sea): the merges they share are the common words.
+BPE_ASSISTANT_CORPUS = (
+    "ships sail on the sea and boats rest in the harbour",
+    "the captain steered the ship through the storm at night",
+    "sailors sang songs on the deck of the old ship",
+    "the sea was calm and the boats drifted to the shore",
+)
+#: The assistant BPE tokenizer's vocabulary: ``<|endoftext|>``, the 256 bytes and 33 merges.
+BPE_ASSISTANT_VOCAB = 290
+#: The assistant's special token (id 0): the target has none, so it is assistant-only.
+BPE_ASSISTANT_SPECIAL = "<|endoftext|>"
+#: Byte tokens of the target BPE tokenizer: ids ``0 .. 255`` (no special token; merges follow).
+BPE_BYTE_TOKENS = 256
+
+
+@functools.cache
+def _bpe_backend_json(corpus: tuple[str, ...], vocab_size: int, special: tuple[str, ...]) -> str:
+    """A byte-level BPE trained on ``corpus`` up to ``vocab_size`` tokens, serialised.
+
+    Training is deterministic (measured with tokenizers 0.23.3: the same vocabulary and merges in
+    separate processes): ties between pair counts are broken by the pair itself, not by hash order.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False, special_tokens=list(special),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    backend.train_from_iterator(corpus, trainer)
+    if backend.get_vocab_size() != vocab_size:
+        raise UsageError(f"the BPE corpus yields {backend.get_vocab_size()} tokens, not {vocab_size}: "
+                         f"a byte-level BPE scenario's vocabulary must be in [{BPE_BYTE_TOKENS + len(special)}, "
+                         f"{backend.get_vocab_size()}]")
+    return backend.to_str()
+
+
+def _bpe_backends(vocab_size: int):
+    """The (target, assistant) ``tokenizers.Tokenizer`` of a ``vocab_size``-token BPE scenario, fresh objects."""
+    from tokenizers import Tokenizer
+
+    target = _bpe_backend_json(BPE_TARGET_CORPUS, vocab_size, ())
+    assistant = _bpe_backend_json(BPE_ASSISTANT_CORPUS, BPE_ASSISTANT_VOCAB, (BPE_ASSISTANT_SPECIAL,))
+    return Tokenizer.from_str(target), Tokenizer.from_str(assistant)
+
+
+def bpe_tokenizer_pair(vocab_size: int, id_ordered: bool = False):
+    """``(target, assistant)``: plain ``PreTrainedTokenizerFast`` over the trained byte-level BPEs.
+
+    Nothing overridden: ``get_vocab()`` iterates in the library's hash order, random per call and per
+    process (see :func:`fast_word_level_tokenizer`). ``id_ordered``: the control, ``get_vocab()`` in
+    id order (the ``IdOrderedVocabTokenizer`` of :func:`id_ordered_tokenizer`).
+    """
+    from transformers import PreTrainedTokenizerFast
+
+    class IdOrderedVocabTokenizer(PreTrainedTokenizerFast):
+        def get_vocab(self) -> dict[str, int]:
+            return dict(sorted(super().get_vocab().items(), key=lambda item: item[1]))
+
+    cls = IdOrderedVocabTokenizer if id_ordered else PreTrainedTokenizerFast
+    target, assistant = _bpe_backends(vocab_size)
+    return cls(tokenizer_object=target), cls(tokenizer_object=assistant)
+
+
+def bpe_words(vocab_size: int) -> tuple[list[str], list[str]]:
+    """``(target_tokens, assistant_tokens)`` of the BPE pair: token ``i`` of each is its id-``i`` string."""
+    def tokens(backend) -> list[str]:
+        inverse = {i: t for t, i in backend.get_vocab(with_added_tokens=True).items()}
+        return [inverse[i] for i in range(len(inverse))]
+
+    target, assistant = _bpe_backends(vocab_size)
+    return tokens(target), tokens(assistant)
+
+
+def vocabulary_words(kind: str, vocab_size: int) -> tuple[list[str], list[str]]:
+    """``(target_tokens, assistant_tokens)`` by id, of a ``vocab_size``-token scenario whose tokenizers are ``kind``."""
+    if kind in BPE_KINDS:
+        return bpe_words(vocab_size)
+    return target_words(vocab_size), assistant_words(vocab_size)
+
+
 def tokenizer_pair(kind: str, vocab_size: int):
     """``(target_tokenizer, assistant_tokenizer)`` of a ``vocab_size``-token scenario whose tokenizers are ``kind``.
 
     ``stub``: :func:`word_level_tokenizer` (alphabetical ``get_vocab()``, deterministic); ``fast``:
-    :func:`fast_word_level_tokenizer` (the library's hash order); ``id-ordered``: :func:`id_ordered_tokenizer`.
+    :func:`fast_word_level_tokenizer` (the library's hash order); ``id-ordered``: :func:`id_ordered_tokenizer`;
+    ``bpe`` / ``bpe-id-ordered``: :func:`bpe_tokenizer_pair` (the target's vocabulary must be ``vocab_size``).
     """
+    if kind in BPE_KINDS:
+        return bpe_tokenizer_pair(vocab_size, id_ordered=kind == "bpe-id-ordered")
     build = {"stub": word_level_tokenizer, "fast": fast_word_level_tokenizer, "id-ordered": id_ordered_tokenizer}
     if kind not in build:
         raise ValueError(f"tokenizers must be one of {', '.join(TOKENIZER_KINDS)}, got {kind!r}")
@@ -116,10 +223,15 @@ def vocabulary_order(translator) -> list[int] | None:
     return None if ids is None else ids.tolist()
 
 
-def assistant_table(drafter: FixedLogits, words: list[str], only_word_logit: float = 0.0) -> FixedLogits:
-    """``drafter`` (over target ids) re-expressed over the assistant ids of ``words``."""
+def assistant_table(drafter: FixedLogits, words: list[str], only_word_logit: float = 0.0,
+                    target: list[str] | None = None) -> FixedLogits:
+    """``drafter`` (over target ids) re-expressed over the assistant ids of ``words``.
+
+    ``target``: the target's tokens by id (default: the word-level :func:`target_words`). A token
+    the target lacks gets the constant ``only_word_logit``.
+    """
     vocab = drafter.vocab_size
-    target_id = {w: i for i, w in enumerate(target_words(vocab))}
+    target_id = {w: i for i, w in enumerate(target if target is not None else target_words(vocab))}
     # Column j of the assistant table is the drafter column of the same word (assistant-only: a constant).
     columns = np.full((drafter.rows.shape[0], len(words)), only_word_logit)
     for assistant_id, word in enumerate(words):
@@ -148,19 +260,21 @@ class EmbeddingRoutedLM(FixedLogitsLM):
         return out
 
 
-def assistant_lm(drafter: FixedLogits, prompt_length: int, vocab_size: int, **generation_defaults) -> EmbeddingRoutedLM:
-    """The assistant stub over the assistant vocabulary of a ``vocab_size``-token target.
+def assistant_lm(drafter: FixedLogits, prompt_length: int, vocab_size: int, tokenizers: str = "stub",
+                 **generation_defaults) -> EmbeddingRoutedLM:
+    """The assistant stub over the assistant vocabulary of a ``vocab_size``-token target whose
+    tokenizers are ``tokenizers`` (a :data:`TOKENIZER_KINDS`; the word-level kinds share one vocabulary).
 
     Raises :class:`~lossless_check.errors.NotApplicable` above
     :data:`~lossless_check.stubs.DENSE_WEIGHTS_MAX_VOCAB`: the translator prunes the head's weight and
     swaps in a re-indexing embedding, which needs the dense ``V x V`` weights large stubs do without.
     """
-    words = assistant_words(vocab_size)
+    target, words = vocabulary_words(tokenizers, vocab_size)
     if len(words) > DENSE_WEIGHTS_MAX_VOCAB:
         raise NotApplicable(
             f"the two-vocabulary stubs hold dense V x V weights (the vocabulary translator prunes and re-indexes "
             f"them); vocabulary {len(words)} is above {DENSE_WEIGHTS_MAX_VOCAB}: use the iid32-fast-tokenizers scenario")
-    table = assistant_table(drafter, words)
+    table = assistant_table(drafter, words, target=target)
     plain = fixed_logits_lm(table, prompt_length=prompt_length, **generation_defaults)
     model = EmbeddingRoutedLM(plain.config).eval()
     model.generation_config = plain.generation_config

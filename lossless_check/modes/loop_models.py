@@ -250,7 +250,7 @@ def _two_tokenizers(ctx: DraftContext, greedy: bool) -> LoopModels:
     scenario = ctx.scenario
     vocab = scenario.vocab_size
     assistant = assistant_lm(scenario.drafter, prompt_length=len(scenario.prompt), vocab_size=vocab,
-                             **constant_drafts(scenario.gamma))
+                             tokenizers=scenario.tokenizers, **constant_drafts(scenario.gamma))
     target_tokenizer, assistant_tokenizer = tokenizer_pair(scenario.tokenizers, vocab)
     kwargs = {"assistant_model": assistant, "tokenizer": target_tokenizer, "assistant_tokenizer": assistant_tokenizer}
     return LoopModels(ctx.target, kwargs, {"do_sample": False} if greedy else {})
