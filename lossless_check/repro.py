@@ -19,8 +19,10 @@ from .results import Case, CaseResult
 #: The others draft with the harness's own stub architectures (an early-exit stack, MTP layers
 #: loaded from a checkpoint, a DFlash block drafter, a Gemma4-named assistant): their reproductions
 #: stay hand-written (findings/single_position_greedy_q) or go through the reproduce line.
-SUPPORTED = ("AssistedCandidateGenerator", "PromptLookupCandidateGenerator", "UniversalSpeculativeDecodingGenerator",
-             "AssistedCandidateGeneratorDifferentTokenizers")
+SUPPORTED = ("AssistedCandidateGenerator", "PromptLookupCandidateGenerator",  # then the two-tokenizer families
+             "UniversalSpeculativeDecodingGenerator", "AssistedCandidateGeneratorDifferentTokenizers")
+#: The tokenizer kinds the script builds (its ``--tokenizers`` choices).
+WORD_LEVEL_TOKENIZERS = ("stub", "fast", "id-ordered")
 #: The script template (never imported: its placeholders are filled in as text).
 TEMPLATE = Path(__file__).with_name("repro_script.py")
 #: generate() calls a script makes at most (it stops at its first rejection).
@@ -37,6 +39,9 @@ def repro_unsupported(case: Case) -> str | None:
                 f"architecture); reproduce with lossless-check")
     if not hasattr(case.scenario, "drafter"):
         return f"the {case.scenario.name} scenario is not a fixed-logits one"
+    two_tokenizers = generator.adapter.name in SUPPORTED[2:]
+    if two_tokenizers and case.scenario.tokenizers not in WORD_LEVEL_TOKENIZERS:
+        return f"the script builds word-level tokenizers; the {case.scenario.name} scenario's are {case.scenario.tokenizers}"
     return None
 
 
@@ -56,7 +61,8 @@ def case_literal(case: Case, samples: int) -> dict:
     max_new_tokens = case.max_new_tokens if case.mode == "generate" else scenario.gamma + 1
     return {"family": case.generator.adapter.name, "warpers": dict(case.warpers), "prompt": list(scenario.prompt),
             "gamma": scenario.gamma, "max_new_tokens": max_new_tokens, "eos": _eos(case.warpers),
-            "tokenizers": scenario.tokenizers, "samples": samples, "scenario": scenario.name,
+            "tokenizers": scenario.tokenizers if scenario.tokenizers in WORD_LEVEL_TOKENIZERS else "stub",
+            "samples": samples, "scenario": scenario.name,
             "target": _table(scenario.target), "drafter": _table(scenario.drafter)}
 
 

@@ -72,6 +72,8 @@ def test_repro_command_writes_a_script_and_refuses_what_it_cannot_build(tmp_path
     err = capsys.readouterr().err
     assert "no standalone builder for MTPCandidateGenerator" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "m.py").exists()
+    assert main(["repro", "--generator", UNIVERSAL, "--scenario", "bpe-fast-tokenizers", "--out", str(out)]) == 2
+    assert "builds word-level tokenizers" in capsys.readouterr().err
 
 
 def test_run_writes_a_script_for_each_failing_case(tmp_path, capsys):
