@@ -116,10 +116,13 @@ class Engine:
         self.workers = workers
         self._pool: ProcessPoolExecutor | None = None
 
-    def map(self, task: Callable, arguments: list[tuple], progress: Callable[[int], None] | None = None) -> list:
+    def map(self, task: Callable, arguments: list[tuple], progress: Callable[[int], None] | None = None,
+            cost: list[float] | None = None) -> list:
         """``[task(*a) for a in arguments]``, on the pool when there is one and more than one task.
 
-        ``progress(trials)`` is called as each task completes, with its result's ``samples``.
+        ``progress(trials)`` is called as each task completes, with its result's ``samples``. ``cost``
+        (an estimate per task) orders the pool's queue, longest first, so that a long task does not
+        start last and run alone; results come back in the order of ``arguments`` either way.
         """
         if self.workers <= 1 or len(arguments) < 2:
             with one_thread():
@@ -130,7 +133,8 @@ class Engine:
                         progress(results[-1].samples)
             return results
         pool = self._start()
-        futures = {pool.submit(task, *args): i for i, args in enumerate(arguments)}
+        order = sorted(range(len(arguments)), key=lambda i: -cost[i]) if cost else range(len(arguments))
+        futures = {pool.submit(task, *arguments[i]): i for i in order}
         results: list = [None] * len(arguments)
         for future in as_completed(futures):
             index = futures[future]
