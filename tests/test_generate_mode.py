@@ -149,6 +149,9 @@ NOT_LOSSLESS_UNDER_TOP_K = {
     MTP: ("5.14.0", "5.15.1"),
     # get_candidates samples the processed logits but returns the raw ones (5.15.0 only)
     DFLASH: ("5.15.0", "5.15.1"),
+    # (Prompt lookup 5.0-5.13 overshoots max_new_tokens only when an n-gram match lands near
+    # max_length: never in 1000 calls of this test's IID case on 5.13.1; tests/test_adapters.py
+    # catches it with a cyclic target.)
 }
 #: generate() raises on these families (transformers defects), as [first, first fixed) and a word of the error.
 RAISES = {
