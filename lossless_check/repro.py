@@ -77,7 +77,8 @@ def script_for(case: Case, result: CaseResult | None = None, samples: int | None
         found_at = result.samples if result is not None and result.samples else MIN_SAMPLES // 2
         samples = min(MAX_SAMPLES, max(MIN_SAMPLES, 2 * found_at))
     literal = case_literal(case, samples)
-    where = f"{case.generator.adapter.name} under {case.warper_spec}, scenario {case.scenario.name}"
+    warpers = "with no warpers" if case.warper_spec == "none" else f"under {case.warper_spec}"
+    where = f"{case.generator.adapter.name} {warpers}, scenario {case.scenario.name}"
     if result is not None and result.verdict in ("not_lossless", "error"):
         title = f"{where}: not lossless on transformers {transformers.__version__} (found by lossless-check)."
         details = f"What lossless-check found ({result.mode} mode, {result.samples} trials):\n{_wrap(result.reason)}"

@@ -33,6 +33,8 @@ FINDINGS = Path(__file__).resolve().parents[1] / "findings"
 AFFECTED = {
     "universal_permuted_q": ("4.52.1", None),  # 4.52.1 pruned the assistant's LM head
     "single_position_greedy_q": ("5.8.0", None),  # the generator appeared in 5.8.0
+    # 5.0-5.12 crash first (no EOS token: torch.isin(chosen_ids, None)), 5.13 overshoots; 5.14 crops
+    "prompt_lookup_past_max_length": ("5.0.0", "5.14.0"),
 }
 
 #: What a script may import: the standard library modules below, torch, transformers and
@@ -110,3 +112,10 @@ def test_findings_index_lists_every_reproduction():
     for finding in AFFECTED:
         assert (FINDINGS / finding / "README.md").is_file()
         assert f"{finding}/" in index
+
+
+@pytest.mark.slow
+def test_prompt_lookup_past_max_length_reproduces(clean_python, tmp_path):
+    """Generated script: an exact stopping check, 3000 calls at most (about 10 s when lossless)."""
+    proc = run_repro(clean_python, "prompt_lookup_past_max_length", tmp_path=tmp_path)
+    check_exit(proc, 1 if affected("prompt_lookup_past_max_length") else 0)

@@ -85,12 +85,21 @@ def test_run_writes_a_script_for_each_failing_case(tmp_path, capsys):
     assert "not lossless on transformers" in (tmp_path / scripts[0]).read_text()
 
 
-def test_generated_finding_is_current():
-    """findings/universal_permuted_q/generated_repro.py is what `lossless-check repro` writes today."""
-    [case] = cases_for(UNIVERSAL, "none", None, "generate", "iid32-fast-tokenizers")
-    assert (FINDINGS / "universal_permuted_q" / "generated_repro.py").read_text() == script_for(case), (
-        "regenerate: lossless-check repro --generator UniversalSpeculativeDecodingGenerator "
-        "--scenario iid32-fast-tokenizers --out findings/universal_permuted_q/generated_repro.py")
+#: Generated findings: path under findings/ -> the `lossless-check repro` arguments that write it.
+GENERATED_FINDINGS = {
+    "universal_permuted_q/generated_repro.py": ["--generator", UNIVERSAL, "--scenario", "iid32-fast-tokenizers"],
+    "prompt_lookup_past_max_length/repro.py": ["--generator", "PromptLookupCandidateGenerator", "--warpers", "none",
+                                               "--samples", "3000"],
+}
+
+
+@pytest.mark.parametrize("path", sorted(GENERATED_FINDINGS))
+def test_generated_finding_is_current(tmp_path, path):
+    """A generated finding is what `lossless-check repro` writes today."""
+    out = tmp_path / "script.py"
+    assert main(["repro", *GENERATED_FINDINGS[path], "--out", str(out)]) == 0
+    assert (FINDINGS / path).read_text() == out.read_text(), (
+        f"regenerate: lossless-check repro {' '.join(GENERATED_FINDINGS[path])} --out findings/{path}")
 
 
 def test_supported_families_are_built_in_generators():

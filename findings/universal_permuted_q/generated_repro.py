@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""UniversalSpeculativeDecodingGenerator under none, scenario iid32-fast-tokenizers: a losslessness check through the real generate().
+"""UniversalSpeculativeDecodingGenerator with no warpers, scenario iid32-fast-tokenizers: a losslessness check through the real generate().
 
 Standalone reproduction: imports only torch and transformers (and `tokenizers`, which transformers
 depends on). Nothing is downloaded: the target and the drafter are fixed-logits models built here
