@@ -34,13 +34,12 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 @pytest.fixture(scope="session")
 def clean_python(tmp_path_factory):
-    """A Python in a fresh virtual environment where torch and transformers import and lossless_check
-    does not: the environment sees the directories that hold torch, transformers and their
-    dependencies through a ``.pth`` file, and none of the editable-install hooks (``.pth`` files
-    listed there are not processed, so the ``lossless_check`` finder is never installed)."""
+    """A Python in a fresh virtual environment where torch and transformers (the versions this process
+    has) import and lossless_check does not: the environment sees this interpreter's package
+    directories through a ``.pth`` file, and none of their editable-install hooks (``.pth`` files in
+    directories listed there are not processed, so the ``lossless_check`` finder is never installed)."""
     import subprocess
     import sys
-    import sysconfig
     import venv
     from pathlib import Path
 
@@ -51,10 +50,12 @@ def clean_python(tmp_path_factory):
     python = root / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
     purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              capture_output=True, text=True, check=True).stdout.strip()
-    parents = dict.fromkeys(str(Path(m.__file__).resolve().parents[1]) for m in (torch, transformers, np))
-    parents.update(dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]))
+    # This interpreter's package directories, in its own precedence order (a venv over system site
+    # packages must keep its transformers ahead of the system's).
+    parents = [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages") and Path(p).is_dir()]
     (Path(purelib) / "parent_packages.pth").write_text("\n".join(parents) + "\n")
-    probe = "import torch, transformers, importlib.util as u; print(u.find_spec('lossless_check') is None)"
+    probe_version = f"import transformers; assert transformers.__version__ == {transformers.__version__!r}"
+    probe = (probe_version + "; import torch, importlib.util as u; print(u.find_spec('lossless_check') is None)")
     out = subprocess.run([python, "-c", probe], capture_output=True, text=True, cwd=root,
                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert out.returncode == 0 and out.stdout.strip() == "True", (out.stdout, out.stderr[-2000:], sys.executable)
