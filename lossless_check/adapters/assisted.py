@@ -25,6 +25,7 @@ def assistant_for(ctx: DraftContext):
 
 class AssistedAdapter(GeneratorAdapter):
     name = "AssistedCandidateGenerator"
+    padded_drafter = True
     batchable = True
     drafts_stop_at_eos = True
 

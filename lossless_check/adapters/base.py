@@ -46,6 +46,11 @@ class GeneratorAdapter:
     name: str = ""
     #: Drafter table kinds this family can express (a block drafter cannot condition on its own drafts).
     drafter_kinds: tuple[str, ...] = ("iid", "per_position", "markov")
+    #: Whether the family can meet a drafter head padded past the target's vocabulary (scenario
+    #: ``iid8-padded-drafter``): it takes a separate assistant model with an ``lm_head`` of its own
+    #: (or no drafter at all). Families that draft through the target's own head or hidden states
+    #: (EarlyExit, MTP, DFlash, SinglePosition's Gemma4 assistant) cannot: the case is skipped.
+    padded_drafter: bool = False
     #: Whether one ``session.draft`` call on ``B`` identical rows gives ``B`` independent first-round
     #: drafts, each row distributed as a batch-1 call (verified for the built-in generator on the
     #: installed release: ``tests/test_batching.py``). False: call ``draft`` with one row only. A

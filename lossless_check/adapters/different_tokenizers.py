@@ -20,6 +20,7 @@ from .vocabularies import assistant_lm, tokenizer_pair
 
 class DifferentTokenizersAdapter(GeneratorAdapter):
     name = "AssistedCandidateGeneratorDifferentTokenizers"
+    padded_drafter = True
     #: Not batchable: ``get_candidates`` re-tokenizes through text, one sequence at a time (5.24
     #: ``candidate_generator.py``: ``convert_source_tokens_to_target_tokens`` decodes ``input_ids`` as
     #: one text, and ``_get_tokens_diag`` compares ``prompt == prompt_plus_new_tokens.T``): a batch

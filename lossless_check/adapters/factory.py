@@ -29,6 +29,7 @@ class FactoryAdapter(GeneratorAdapter):
     """Drives whatever ``CandidateGenerator`` a user factory returns."""
 
     name = "factory"
+    padded_drafter = True
     #: A user's generator may or may not draft a batch of rows correctly: not assumed here.
     batchable = False
 

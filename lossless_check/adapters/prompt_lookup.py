@@ -17,6 +17,7 @@ MAX_MATCHING_NGRAM_SIZE = 2
 
 class PromptLookupAdapter(GeneratorAdapter):
     name = "PromptLookupCandidateGenerator"
+    padded_drafter = True
     #: Not batchable: the n-gram lookup reads row 0 only and appends its continuation as one row
     #: (5.24 ``candidate_generator.py``: ``ngram_tensor = input_ids[0, -ngram_size:]``,
     #: ``torch.cat((input_ids, chosen_ids.unsqueeze(0)), dim=1)``).

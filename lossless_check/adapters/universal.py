@@ -17,6 +17,7 @@ from .vocabularies import assistant_lm, tokenizer_pair, vocabulary_order
 
 class UniversalAdapter(GeneratorAdapter):
     name = "UniversalSpeculativeDecodingGenerator"
+    padded_drafter = True
     #: Not batchable: the real code reads one sequence only (5.24 ``candidate_generator.py``:
     #: ``_prepare_assistant_input_ids`` decodes ``input_ids`` as one text, the pruned assistant's
     #: ``_MapInputEmbedding`` maps ``input_ids[0, -1]``, ``get_target_ids`` maps

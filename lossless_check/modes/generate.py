@@ -355,6 +355,9 @@ def skip_reason(case: Case) -> str | None:
             return f"the {scenario.name} scenario has a Llama assistant: it drives the assistant-model and prompt-lookup paths, not {name}"
     elif scenario.drafter.kind not in generator.adapter.drafter_kinds:
         return f"a {scenario.drafter.kind} drafter table cannot drive {name}"
+    if getattr(case.scenario, "drafter_padding", 0) and not case.generator.adapter.padded_drafter:
+        return (f"{case.generator.adapter.name} drafts through the target's own head or hidden states: a drafter "
+                f"head padded past the target's vocabulary does not apply to it")
     if loop_models.routes_in_generate(name) is False:
         import transformers
 

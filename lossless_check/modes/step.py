@@ -276,6 +276,9 @@ def skip_reason(case: Case) -> str | None:
         return f"{case.generator.adapter.name} is not in the installed transformers"
     if case.scenario.drafter.kind not in case.generator.adapter.drafter_kinds:
         return f"a {case.scenario.drafter.kind} drafter table cannot drive {case.generator.adapter.name}"
+    if getattr(case.scenario, "drafter_padding", 0) and not case.generator.adapter.padded_drafter:
+        return (f"{case.generator.adapter.name} drafts through the target's own head or hidden states: a drafter "
+                f"head padded past the target's vocabulary does not apply to it")
     return None
 
 
