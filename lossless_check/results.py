@@ -82,6 +82,9 @@ class CaseResult:
     provenance: dict | None = None  # provenance sub-verdict (modes provenance and all)
     log_e_value: float | None = None  # sequential runs: natural log of the largest anytime e-value seen
     batch: dict | None = None  # step mode: how trials were batched (arms, batch size, two-sample test)
+    # Step mode: what the generator was built with that the run does not choose (Universal: the
+    # assistant ids of the shared words in the order its translator's pruned head holds them).
+    generator_facts: dict | None = None
     failed_checks: list[str] = field(default_factory=list)  # checks that make the verdict not_lossless
     # Checks that assume the drafter samples the processed drafter table (acceptance law, rejection
     # residuals): they explain a failure but do not define one, since any honest q is lossless.

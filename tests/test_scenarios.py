@@ -77,6 +77,7 @@ def test_universal_is_not_lossless_with_real_fast_tokenizers():
     case = lc.check(UNIVERSAL, warpers="none", scenario="iid32-fast-tokenizers", samples=2000, sequential=False)
     order = UniversalAdapter.last_vocabulary_order
     assert order is not None and order != sorted(order)
+    assert case.to_dict()["generator_facts"] == {"vocabulary_order": order}  # in the JSON report
     predicted = _permuted_first_token_tv(order)
     assert case.verdict == "not_lossless", (case.reason, order, predicted)
     assert abs(case.tv - predicted) <= tv_error_bound(case.samples, 32), (case.tv, predicted, case.samples)

@@ -127,7 +127,10 @@ def first_round_after_prefill(generator, input_ids: torch.LongTensor, model_kwar
 
 
 class FunctionSession:
-    """A session that is just a function of ``input_ids``."""
+    """A session that is just a function of ``input_ids``. ``facts``: what the generator was built
+    with that the run does not choose (a translator's vocabulary order), reported with the case."""
 
-    def __init__(self, draft: Callable[[torch.LongTensor], tuple[torch.LongTensor, torch.Tensor | None]]):
+    def __init__(self, draft: Callable[[torch.LongTensor], tuple[torch.LongTensor, torch.Tensor | None]],
+                 facts: dict | None = None):
         self.draft = draft
+        self.facts = facts or {}

@@ -48,8 +48,9 @@ class UniversalAdapter(GeneratorAdapter):
             assistant_prune_lm_head=True,
         )
         # With fast tokenizers the order the translator saw is the library's (random per process):
-        # kept with the session, so a run can say which order its numbers come from.
-        UniversalAdapter.last_vocabulary_order = vocabulary_order(translator)
+        # reported with the case (the session's facts), so a run says which order its numbers come from.
+        order = vocabulary_order(translator)
+        UniversalAdapter.last_vocabulary_order = order
         # generate() does this too: a pruned head's logits are not indexed by token id.
         assistant.generation_config.repetition_penalty = None
 
@@ -60,4 +61,4 @@ class UniversalAdapter(GeneratorAdapter):
                                         assistant_model=assistant, target_tokenizer=target_tokenizer,
                                         assistant_tokenizer=assistant_tokenizer, atm_translator=translator)
 
-        return FunctionSession(draft)
+        return FunctionSession(draft, {"vocabulary_order": order})

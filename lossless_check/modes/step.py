@@ -228,6 +228,7 @@ class StepCase:
         alpha_laws = alpha * (1 - TWO_SAMPLE_SHARE) if both_arms else alpha
         result.batch = {"batch_size": size, "note": note, "batch1_trials": int((obs.arm == 0).sum()),
                         "batched_trials": int(obs.arm.sum())}
+        result.generator_facts = getattr(self.session(), "facts", None) or None
         violations = position_tests(result, [self.position_strata(obs, j) for j in range(positions)], alpha_laws)
         if both_arms:
             arms_test(result, obs.emitted, obs.arm, positions, self.laws.target, case.scenario.vocab_size,
