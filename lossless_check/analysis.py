@@ -181,19 +181,27 @@ def log_evalues(emitted: np.ndarray, positions: int, law_of: LawOf, vocab: int =
     the earlier positions of its own trial, a trial's token at position ``j`` follows
     ``p_j(. | prefix)`` whenever it reached ``j``.
     """
+    return sequential_evidence(emitted, positions, law_of, vocab)[0]
+
+
+def sequential_evidence(emitted: np.ndarray, positions: int, law_of: LawOf,
+                        vocab: int = 0) -> tuple[np.ndarray, bool]:
+    """``(log_evalues(...), outside_support)`` from one stratification: whether any emitted token has
+    probability 0 given its prefix (an exact failure, which the e-values leave out)."""
     trials = len(emitted)
-    result = []
+    result, outside_support = [], False
     for j in range(positions):
         reached = np.flatnonzero(emitted[:, j] >= 0) if j < emitted.shape[1] else np.zeros(0, dtype=np.int64)
         per_trial = np.zeros(trials)
         if reached.size:
             ids, laws = stratify(emitted[reached], j, law_of)
             tokens, laws, _ = coarsened(ids, emitted[reached, j], laws, vocab or (len(laws[0]) if laws else 0))
+            outside_support = outside_support or bool((np.stack(laws)[ids, tokens] <= 0).any())
             running = mixture_log_evalues(ids, tokens, laws)
             per_trial[reached] = np.diff(running, prepend=0.0)
         result.append(np.cumsum(per_trial))
     result.append(np.sum(result, axis=0))
-    return np.array(result)
+    return np.array(result), outside_support
 
 
 def combined_log_evalue(log_e: np.ndarray) -> np.ndarray:

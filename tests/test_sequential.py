@@ -59,3 +59,18 @@ def test_sequential_null_false_failure_rate_through_the_real_verifier():
     rejections = sum(run([case], 500, alpha, seed, sequential=True).cases[0].verdict == "not_lossless"
                      for seed in range(runs))
     assert sps.binomtest(rejections, runs).proportion_ci(0.999).low <= alpha
+
+
+def test_sequential_evidence_flags_a_token_outside_the_support():
+    """One stratification gives the e-values and the exact support check: a single emitted token of
+    probability 0 is flagged (the e-values leave it out), and the same rows without it are not."""
+    from lossless_check.analysis import log_evalues, sequential_evidence
+
+    law = np.array([0.5, 0.5, 0.0])
+    clean = np.array([[0, 1], [1, 0], [0, 0]] * 10)
+    bad = clean.copy()
+    bad[17, 1] = 2
+    for rows, flagged in ((clean, False), (bad, True)):
+        log_e, outside = sequential_evidence(rows, 2, lambda prefix: law)
+        assert outside is flagged
+        assert np.array_equal(log_e, log_evalues(rows, 2, lambda prefix: law))

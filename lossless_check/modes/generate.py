@@ -44,7 +44,7 @@ import torch
 
 from ..adapters import DraftContext
 from ..adapters.assisted import constant_drafts
-from ..analysis import log_evalues, position_tests, stop_sequentially, strata
+from ..analysis import position_tests, sequential_evidence, stop_sequentially, strata
 from ..engine import guarded, run_in_chunks
 from ..errors import GeneratorFailure
 from ..expected import ExactLaws, GreedyLaws
@@ -304,12 +304,6 @@ def position_strata(emitted: np.ndarray, position: int, law: Law) -> list[Stratu
     return strata(rows, position, law, vocab) if len(rows) else []
 
 
-def _support_failure(emitted: np.ndarray, law: Law) -> bool:
-    """A token the target gives probability 0 given its prefix (``emitted`` blanked after EOS)."""
-    return any(int(s.counts[s.expected <= 0].sum()) for k in range(emitted.shape[1])
-               for s in position_strata(emitted, k, law))
-
-
 def analyse(case: Case, setup: _Setup, gens: Generations, alpha_case: float) -> GenerateCaseResult:
     """Statistics and verdict of one generate-mode case at its share ``alpha_case`` of the family rate."""
     max_new_tokens = gens.emitted.shape[1]
@@ -399,8 +393,8 @@ def run_generate_case(case: Case, samples: int, seed: int, alpha_case: float, se
             if not sequential:
                 return analyse(case, setup, gens, alpha_case)
             emitted = gens.before_eos(setup.eos)
-            log_e = log_evalues(emitted, case.max_new_tokens, setup.law)
-            exact = bool(gens.stopping_violations) or _support_failure(emitted, setup.law)
+            log_e, outside_support = sequential_evidence(emitted, case.max_new_tokens, setup.law)
+            exact = bool(gens.stopping_violations) or outside_support
             return stop_sequentially(
                 lambda trials, alpha: analyse(case, setup, gens if trials is None else gens.head(trials), alpha),
                 log_e, alpha_case, final, exact)

@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 from ..adapters import DraftContext
-from ..analysis import (TWO_SAMPLE_SHARE, arms_test, log_evalues, position_tests, stop_sequentially, strata)
+from ..analysis import (TWO_SAMPLE_SHARE, arms_test, position_tests, sequential_evidence, stop_sequentially,
+                        strata)
 from ..candidates import check_candidates
 from ..compat import speculative_sampling
 from ..engine import guarded, run_in_chunks
@@ -210,7 +211,13 @@ class StepCase:
 
     def log_evalues(self, obs: Observations) -> np.ndarray:
         """The running log e-values of the output laws (:func:`~lossless_check.analysis.log_evalues`)."""
-        return log_evalues(obs.emitted, self.positions_of(obs), self.laws.target)
+        return self.evidence(obs)[0]
+
+    def evidence(self, obs: Observations) -> tuple[np.ndarray, bool]:
+        """The log e-values and whether a token fell outside its law's support
+        (:func:`~lossless_check.analysis.sequential_evidence`)."""
+        return sequential_evidence(obs.emitted, self.positions_of(obs), self.laws.target,
+                                   self.case.scenario.vocab_size)
 
     def positions_of(self, obs: Observations) -> int:
         """Output positions tested: the scenario's ``gamma + 1`` (more only if a generator drafts more)."""
@@ -305,8 +312,8 @@ def run_step_case(case: Case, samples: int, seed: int, alpha_case: float, sequen
             obs = Observations.concatenate(parts)
             if not sequential:
                 return step.analyse(obs, alpha_case)
-            log_e = step.log_evalues(obs)
-            exact = bool(obs.impossible_drafts) or _support_failure(step, obs)
+            log_e, outside_support = step.evidence(obs)
+            exact = bool(obs.impossible_drafts) or outside_support
             return stop_sequentially(lambda trials, alpha: step.analyse(obs if trials is None else obs.head(trials),
                                                                         alpha),
                                      log_e, alpha_case, final, exact)
@@ -314,11 +321,3 @@ def run_step_case(case: Case, samples: int, seed: int, alpha_case: float, sequen
         return run_in_chunks(case, samples, seed, sequential, timeout, collect, analyse)
 
     return guarded(case, run)
-
-
-def _support_failure(step: StepCase, obs: Observations) -> bool:
-    """A token the target gives probability 0, at any position (an exact failure)."""
-    for j in range(step.positions_of(obs)):
-        if any(int(s.counts[s.expected <= 0].sum()) for s in step.position_strata(obs, j)):
-            return True
-    return False
