@@ -341,9 +341,10 @@ def run(case, samples, alpha, seed, plain=False):
     eos = set(case["eos"])
     law = PlainLaws(target, prompt, warpers, greedy)
     tests = [dict() for _ in range(k_max)]  # per position: prefix -> KTEvalue
+    log_e = [0.0] * k_max  # per position: the product of its prefixes' e-values, in logs
     first = [0] * len(law(()))
     failures, started = [], time.time()
-    log_threshold = math.log(1 / alpha)
+    log_threshold, mean_log_e = math.log(1 / alpha), 0.0
     n = 0
     for n in range(1, samples + 1):
         try:
@@ -365,8 +366,10 @@ def run(case, samples, alpha, seed, plain=False):
                 failures.append(f"call {n} emitted token {token} after {list(prefix)}, which plain sampling "
                                 f"gives probability 0")
                 break
-            tests[k].setdefault(prefix, KTEvalue(p)).add(token)
-        log_e = [sum(t.log_e for t in position.values()) for position in tests]
+            test = tests[k].setdefault(prefix, KTEvalue(p))
+            before = test.log_e
+            test.add(token)
+            log_e[k] += test.log_e - before
         mean_log_e = max(log_e) + math.log(sum(math.exp(v - max(log_e)) for v in log_e) / len(log_e))
         if failures or mean_log_e >= log_threshold:
             break
