@@ -105,8 +105,11 @@ class FixedLogits:
 
     def emitted(self, generated_index: int, previous_token: int):
         """The logits a stub model returns for one position: a ``(vocab_size,)`` tensor in :attr:`dtype`."""
-        idx = self.row_index(np.asarray([generated_index]), np.asarray([previous_token]))[0]
-        return self.emitted_rows()[int(idx)]
+        import torch
+
+        idx = int(self.row_index(np.asarray([generated_index]), np.asarray([previous_token]))[0])
+        # Elementwise, so one row converted alone is bitwise that row of emitted_rows().
+        return torch.tensor(self.rows[idx], dtype=torch.float64).to(self.torch_dtype)
 
     def row_index(self, generated_index: np.ndarray, previous_token: np.ndarray) -> np.ndarray:
         """Row used for the token at ``generated_index`` (0 = first token after the prompt)."""
