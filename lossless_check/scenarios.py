@@ -14,8 +14,8 @@ import numpy as np
 from .errors import UsageError
 from .tables import FixedLogits
 
-#: How a scenario's tokenizers give their vocabulary (:data:`.adapters.vocabularies.TOKENIZER_KINDS`;
-#: repeated here so that this module imports neither torch nor ``tokenizers``).
+#: How a scenario's tokenizers give their vocabulary (built by :func:`.adapters.vocabularies.tokenizer_pair`;
+#: named here so that this module imports neither torch nor ``tokenizers``).
 TOKENIZER_KINDS = ("stub", "fast", "id-ordered", "bpe", "bpe-id-ordered")
 
 

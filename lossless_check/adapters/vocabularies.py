@@ -28,7 +28,10 @@ import functools
 import numpy as np
 import torch
 
+from transformers import PreTrainedTokenizerFast
+
 from ..errors import NotApplicable, UsageError
+from ..scenarios import TOKENIZER_KINDS  # how a scenario's tokenizers give their vocabulary
 from ..stubs import DENSE_WEIGHTS_MAX_VOCAB, FixedLogitsLM, fixed_logits_lm
 from ..tables import FixedLogits
 
@@ -57,23 +60,14 @@ def word_level_tokenizer(words: list[str]):
     irreproducible. This tokenizer returns its vocabulary in alphabetical order of the words: one
     fixed order, as a tokenizer backed by a sorted ``vocab.json`` would give, and not the id order.
     """
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
 
     class AlphabeticalVocabTokenizer(PreTrainedTokenizerFast):
         def get_vocab(self) -> dict[str, int]:
             return dict(sorted(super().get_vocab().items()))
 
-    # A word outside the vocabulary (an assistant-only word, given to the target's tokenizer) reads as
-    # word 0: a real tokenizer encodes any text (byte fallback) rather than fail.
-    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[0]))
-    # With no decoder set, decoding joins the words with single spaces: text round-trips exactly.
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return AlphabeticalVocabTokenizer(tokenizer_object=backend)
+    return AlphabeticalVocabTokenizer(tokenizer_object=_word_level_backend(words))
 
 
-#: How a scenario's tokenizers give their vocabulary (``Scenario.tokenizers``).
-TOKENIZER_KINDS = ("stub", "fast", "id-ordered", "bpe", "bpe-id-ordered")
 #: The byte-level BPE kinds: the target's vocabulary is the trained target tokenizer's.
 BPE_KINDS = ("bpe", "bpe-id-ordered")
 
@@ -81,8 +75,10 @@ BPE_KINDS = ("bpe", "bpe-id-ordered")
 def _word_level_backend(words: list[str]):
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    # A word outside the vocabulary reads as word 0 (see word_level_tokenizer).
+    # A word outside the vocabulary (an assistant-only word, given to the target's tokenizer) reads as
+    # word 0: a real tokenizer encodes any text (byte fallback) rather than fail.
     backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[0]))
+    # With no decoder set, decoding joins the words with single spaces: text round-trips exactly.
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return backend
 
@@ -95,19 +91,18 @@ def fast_word_level_tokenizer(words: list[str]):
     (the map is rebuilt with fresh random hash keys), so it is not a function of ``--seed``. Code that
     reads it once (the vocabulary translator, which ``generate()`` caches) sees one random order.
     """
-    from transformers import PreTrainedTokenizerFast
-
     return PreTrainedTokenizerFast(tokenizer_object=_word_level_backend(words))
+
+
+class IdOrderedVocabTokenizer(PreTrainedTokenizerFast):
+    """A fast tokenizer whose ``get_vocab()`` iterates in id order: the control of the hash-ordered ones."""
+
+    def get_vocab(self) -> dict[str, int]:
+        return dict(sorted(super().get_vocab().items(), key=lambda item: item[1]))
 
 
 def id_ordered_tokenizer(words: list[str]):
     """The control of :func:`fast_word_level_tokenizer`: the same tokenizer, ``get_vocab()`` in id order."""
-    from transformers import PreTrainedTokenizerFast
-
-    class IdOrderedVocabTokenizer(PreTrainedTokenizerFast):
-        def get_vocab(self) -> dict[str, int]:
-            return dict(sorted(super().get_vocab().items(), key=lambda item: item[1]))
-
     return IdOrderedVocabTokenizer(tokenizer_object=_word_level_backend(words))
 
 
@@ -171,14 +166,8 @@ def bpe_tokenizer_pair(vocab_size: int, id_ordered: bool = False):
 
     Nothing overridden: ``get_vocab()`` iterates in the library's hash order, random per call and per
     process (see :func:`fast_word_level_tokenizer`). ``id_ordered``: the control, ``get_vocab()`` in
-    id order (the ``IdOrderedVocabTokenizer`` of :func:`id_ordered_tokenizer`).
+    id order (:class:`IdOrderedVocabTokenizer`).
     """
-    from transformers import PreTrainedTokenizerFast
-
-    class IdOrderedVocabTokenizer(PreTrainedTokenizerFast):
-        def get_vocab(self) -> dict[str, int]:
-            return dict(sorted(super().get_vocab().items(), key=lambda item: item[1]))
-
     cls = IdOrderedVocabTokenizer if id_ordered else PreTrainedTokenizerFast
     target, assistant = _bpe_backends(vocab_size)
     return cls(tokenizer_object=target), cls(tokenizer_object=assistant)
