@@ -73,8 +73,8 @@ def script_for(case: Case, result: CaseResult | None = None, samples: int | None
     reason = repro_unsupported(case)
     if reason is not None:
         raise UsageError(f"cannot write a reproduction: {reason}")
-    if samples is None:
-        found_at = result.samples if result is not None and result.samples else MIN_SAMPLES // 2
+    if samples is None:  # twice what the harness needed, within [MIN_SAMPLES, MAX_SAMPLES]
+        found_at = result.samples if result is not None else 0
         samples = min(MAX_SAMPLES, max(MIN_SAMPLES, 2 * found_at))
     literal = case_literal(case, samples)
     warpers = "with no warpers" if case.warper_spec == "none" else f"under {case.warper_spec}"
