@@ -1,5 +1,4 @@
-"""From observations to tests: stratification, the per-position law tests, the anytime e-value, and
-the two-sample test between batch arms.
+"""From observations to tests: stratification, the per-position law tests and the anytime e-value.
 
 Every mode observes rows of emitted tokens (``-1`` past the end of a row). At output position
 ``j`` the rows that reached ``j`` are grouped by the exact law of their ``j``-th token given the
@@ -14,14 +13,11 @@ from typing import Callable
 import numpy as np
 from scipy.special import logsumexp
 
-from .homogeneity import two_sample_test
 from .results import EXACT_CHECKS, POWER, CaseResult
 from .stats import Stratum, bonferroni_min, mixture_log_evalues, tv_confidence_interval, verdict_test
 
 #: ``law_of(prefix)`` is the exact law of the next token after ``prompt + prefix`` (``None``: no law).
 LawOf = Callable[[tuple], "np.ndarray | None"]
-#: Share of a batched case's alpha spent on the two-sample test between its arms.
-TWO_SAMPLE_SHARE = 0.1
 
 
 def stratify(rows: np.ndarray, position: int, law_of: LawOf) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -207,30 +203,6 @@ def sequential_evidence(emitted: np.ndarray, positions: int, law_of: LawOf,
 def combined_log_evalue(log_e: np.ndarray) -> np.ndarray:
     """The mean of the e-value rows (an e-value process itself), in logs."""
     return logsumexp(log_e, axis=0) - math.log(len(log_e))
-
-
-def arms_test(result: CaseResult, emitted: np.ndarray, arm: np.ndarray, positions: int, law_of: LawOf,
-              vocab: int, alpha: float) -> None:
-    """Two-sample test between the batch-1 arm (``arm == 0``) and the batched arm at every position
-    (Bonferroni over positions at ``alpha``); fills ``result.batch`` and fails ``batch_consistency``."""
-    alpha_position = alpha / positions
-    rows = []
-    for j in range(min(positions, emitted.shape[1])):
-        reached = emitted[:, j] >= 0
-        ids, laws = stratify(emitted[reached], j, law_of)
-        tokens, laws, cells = coarsened(ids, emitted[reached, j], laws, vocab)
-        in_arm = arm[reached]
-        test = two_sample_test(counts_by_stratum(ids[in_arm == 0], tokens[in_arm == 0], laws, cells),
-                               counts_by_stratum(ids[in_arm == 1], tokens[in_arm == 1], laws, cells), alpha_position)
-        rows.append({"position": j + 1, "tv_between_arms": test.statistic, "tv_threshold": test.threshold_tv,
-                     "p_value": test.pvalue, "batch1_samples": test.n_a, "batched_samples": test.n_b})
-    p_value = bonferroni_min([r["p_value"] for r in rows])
-    result.batch.update(two_sample_p_value=p_value, two_sample_alpha=alpha, two_sample_positions=rows)
-    if p_value <= alpha:
-        worst = min(rows, key=lambda r: r["p_value"])
-        result.batch["reason"] = (f"position {worst['position']}: TV {worst['tv_between_arms']:.4f} between the arms "
-                                  f"> {worst['tv_threshold']:.4f}, p={worst['p_value']:.2g}")
-        result.failed_checks.append("batch_consistency")
 
 
 def stop_sequentially(result_at: Callable[[int | None, float], CaseResult], log_e: np.ndarray, alpha_case: float,

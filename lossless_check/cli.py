@@ -127,18 +127,33 @@ def samples_to_detect(cases, tv: float, alpha: float, max_new_tokens: int = 4, s
     """Samples per case so that each statistical case detects ``tv`` at position 1 with power 0.99.
 
     A sequential run gives its fixed-sample test half of each case's alpha (the anytime test has the
-    other half), and a clean case stops exactly there; step mode gives the two-sample test between
-    its batch arms :data:`~lossless_check.analysis.TWO_SAMPLE_SHARE` of the rest.
+    other half), and a clean case stops exactly there. A batched step case's guarantee for batch-1
+    calls adds what its replays leave unproven (:func:`~lossless_check.modes.replay.replay_detectable_tv`),
+    and its replays grow with its trials: the smallest count where the sum is at most ``tv``.
     """
-    from .analysis import TWO_SAMPLE_SHARE, tested_cells
+    from .analysis import tested_cells
+    from .modes.replay import replay_detectable_tv, total_replays
     from .results import POWER
-    from .stats import verdict_samples_for_tv
+    from .stats import verdict_detectable_tv, verdict_samples_for_tv
 
     statistical = [c for c in cases if c.mode != "provenance"] or cases
     positions = max(max_new_tokens if c.mode == "generate" else c.scenario.gamma + 1 for c in statistical)
     vocab = max(tested_cells(c.scenario.vocab_size) for c in statistical)
-    alpha_position = alpha / len(statistical) / positions / (2 if sequential else 1) * (1 - TWO_SAMPLE_SHARE)
-    return verdict_samples_for_tv(tv, vocab, alpha_position, POWER)
+    alpha_position = alpha / len(statistical) / positions / (2 if sequential else 1)
+    samples = verdict_samples_for_tv(tv, vocab, alpha_position, POWER)
+    if not any(c.mode in ("step", "all") for c in statistical):
+        return samples
+
+    def detectable(n: int) -> float:
+        return verdict_detectable_tv([n], vocab, None, alpha_position, POWER) + replay_detectable_tv(total_replays(n))
+
+    low, high = samples - 1, samples
+    while detectable(high) > tv:
+        low, high = high, 2 * high
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if detectable(mid) <= tv else (mid, high)
+    return high
 
 
 def _run(args) -> int:

@@ -16,7 +16,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from typing import Callable
 
-from .errors import GeneratorFailure, NotApplicable
+from .errors import GeneratorFailure, NotApplicable, Timeout
 
 #: Trials per chunk once a case is past its first few hundred trials.
 CHUNK = 1000
@@ -62,13 +62,13 @@ def look_schedule(samples: int, sequential: bool) -> list[int]:
 
 @contextmanager
 def deadline(seconds: float, what: str):
-    """Raise :class:`GeneratorFailure` in this (main) thread after ``seconds``; a no-op elsewhere."""
+    """Raise :class:`~lossless_check.errors.Timeout` in this (main) thread after ``seconds``; a no-op elsewhere."""
     if seconds <= 0 or threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def expire(signum, frame):
-        raise GeneratorFailure(f"{what} ran past {seconds:g} s: the generator hangs (or --timeout is too small)")
+        raise Timeout(f"{what} ran past {seconds:g} s: the generator hangs (or --timeout is too small)")
 
     previous = signal.signal(signal.SIGALRM, expire)
     signal.setitimer(signal.ITIMER_REAL, seconds)

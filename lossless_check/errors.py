@@ -11,3 +11,7 @@ class GeneratorFailure(Exception):
 
 class NotApplicable(Exception):
     """The mode cannot test this generator (e.g. step mode and a generator that returns no q)."""
+
+
+class Timeout(GeneratorFailure):
+    """A chunk ran past its deadline: the generator hangs (never a reason to try another batch size)."""

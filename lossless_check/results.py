@@ -81,7 +81,7 @@ class CaseResult:
     law_position: int | None = None  # the position empirical_law and expected_law describe
     provenance: dict | None = None  # provenance sub-verdict (modes provenance and all)
     log_e_value: float | None = None  # sequential runs: natural log of the largest anytime e-value seen
-    batch: dict | None = None  # step mode: how trials were batched (arms, batch size, two-sample test)
+    batch: dict | None = None  # step mode: how trials were batched (batch size, why, batch-1 replays)
     # Step mode: what the generator was built with that the run does not choose (Universal: the
     # assistant ids of the shared words in the order its translator's pruned head holds them).
     generator_facts: dict | None = None
@@ -108,8 +108,6 @@ class CaseResult:
             strongest = max(self.positions, key=lambda p: p.get("log_e_value", -1e300))["position"]
             parts.append(f"anytime e-value e^{self.log_e_value:.1f} >= 2/alpha after {self.samples} trials "
                          f"(most evidence at position {strongest})")
-        if "batch_consistency" in self.failed_checks:
-            parts.append(f"batched rows and batch-1 rows follow different laws ({self.batch['reason']})")
         bad = [p for p in self.positions if f"output_law@{p['position']}" in self.failed_checks]
         for p in bad:
             if "e_value" in self.failed_checks:  # stopped early: the evidence is the position's e-value

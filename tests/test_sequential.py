@@ -10,7 +10,8 @@ from scipy.special import logsumexp
 from lossless_check.adapters import resolve_generator
 from lossless_check.api import run_cases as run
 from lossless_check.engine import case_seed, chunk_sizes, look_schedule
-from lossless_check.modes.step import Observations, StepCase, batch1_trials_per_chunk
+from lossless_check.modes.replay import replays_per_chunk
+from lossless_check.modes.step import Observations, StepCase
 from lossless_check.results import Case
 from lossless_check.scenarios import DEFAULT, IID
 
@@ -32,8 +33,8 @@ def test_a_bug_stops_at_the_first_trial_where_the_evalue_crosses_on_the_fixed_ru
 
     # The same trials a fixed run collects, and the e-process recomputed on them, independently.
     step = StepCase(case)
-    batch1 = batch1_trials_per_chunk(5000)
-    obs = Observations.concatenate([step.collect(size, case_seed(0, case, c), batch1[c])
+    replays = replays_per_chunk(5000)
+    obs = Observations.concatenate([step.collect(size, case_seed(0, case, c), replays[c])
                                     for c, size in enumerate(chunk_sizes(1000))])
     combined = logsumexp(step.log_evalues(obs), axis=0) - math.log(step.positions + 1)
     assert result.samples == int(np.argmax(combined >= math.log(2 / ALPHA))) + 1

@@ -11,14 +11,14 @@ import numpy as np
 class Observations:
     """What step-mode trials emitted. ``emitted[t, j]`` is -1 past the end of trial ``t``;
     ``drafts[t]`` is its draft length (a drafter may stop early, at EOS); ``impossible[t]`` counts
-    its drafts that their returned q gives probability 0; ``arm[t]`` is 0 for a batch-1 trial and 1
-    for a row of a batched call."""
+    its drafts that their returned q gives probability 0; ``replayed[t]`` says whether trial ``t``, a
+    row of a batched call, was replayed at batch 1 (:mod:`.replay`)."""
 
     emitted: np.ndarray
     n_matches: np.ndarray
     drafts: np.ndarray
     impossible: np.ndarray
-    arm: np.ndarray
+    replayed: np.ndarray
     seconds: float
 
     @property
@@ -38,14 +38,14 @@ class Observations:
             np.concatenate([p.n_matches for p in parts]),
             np.concatenate([p.drafts for p in parts]),
             np.concatenate([p.impossible for p in parts]),
-            np.concatenate([p.arm for p in parts]),
+            np.concatenate([p.replayed for p in parts]),
             sum(p.seconds for p in parts),
         )
 
     def head(self, trials: int) -> "Observations":
         """The first ``trials`` trials (the seconds scaled to them)."""
         return Observations(self.emitted[:trials], self.n_matches[:trials], self.drafts[:trials],
-                            self.impossible[:trials], self.arm[:trials], self.seconds * trials / len(self.n_matches))
+                            self.impossible[:trials], self.replayed[:trials], self.seconds * trials / len(self.n_matches))
 
 
 def widen(emitted: np.ndarray, width: int) -> np.ndarray:

@@ -56,9 +56,10 @@ def _arg(args, kwargs, index, name, default=None):
 class Interception:
     """Context manager recording the sampling primitives called while it is active.
 
-    Every patched function calls the original with the original arguments, so results and random
-    streams are exactly those of an un-intercepted run. Nested calls (``Categorical.sample`` calls
-    ``torch.multinomial``) are recorded once, at the outermost level.
+    Every patched function calls the original with the original arguments, so random streams are
+    exactly those of an un-intercepted run, and returns its result unless the recorder returns a
+    replacement (a subclass forcing draws; this class never does). Nested calls (``Categorical.sample``
+    calls ``torch.multinomial``) are recorded once, at the outermost level.
     """
 
     def __init__(self, vocab_size: int):
@@ -99,10 +100,10 @@ class Interception:
             self._depth += 1
             try:
                 out = original(*args, **kwargs)
-                record(out, args, kwargs)
+                replaced = record(out, args, kwargs)
             finally:
                 self._depth -= 1
-            return out
+            return out if replaced is None else replaced
 
         setattr(owner, name, wrapper)
         self._undo.append((lambda: setattr(owner, name, original)) if own else (lambda: delattr(owner, name)))

@@ -5,15 +5,13 @@ generator; the target's logits for every candidate position, processed by the re
 ``LogitsProcessorList`` with the candidate prefix as history; the installed
 ``_speculative_sampling`` on that one row. The emitted tokens and ``n_matches`` are recorded.
 
-**Batched trials.** Where the generator family can draft several independent rows in one real
-``get_candidates`` call (``adapter.batchable``), most trials of a chunk come from one call on
-:data:`BATCH_SIZE` identical prompt rows, and each row then goes alone through the verifier. Since
-the real loop only ever calls a generator with one row, every case also keeps a *batch-1 arm* (a
-fixed share of its trials, :mod:`.batching`) tested like the rest, and a
-two-sample test between the arms is part of the verdict (:func:`~lossless_check.analysis.arms_test`).
-A user's own generator is batched only when :func:`.batching.rows_consistent` finds each row's
-``q`` to be a function of that row's drafts alone, as at batch 1; otherwise, and for families that
-cannot batch, every trial is a batch-1 call and the report says why.
+**Batched trials.** Where the generator family can draft several rows in one real
+``get_candidates`` call (``adapter.batchable``, or a user's factory), the trials of a chunk are the
+rows of calls on :data:`BATCH_SIZE` identical prompt rows, and each row then goes alone through the
+verifier. The real loop only ever calls a generator with one row, so rows drawn at random from those
+calls are replayed at batch 1 with the same draws (:mod:`.replay`): at the first row that differs
+the case starts again at batch 1 and says why, and a batched case's ``tv_detectable`` is the one that
+holds for batch-1 calls. Families that cannot batch run every trial at batch 1.
 """
 
 from __future__ import annotations
@@ -24,19 +22,19 @@ import numpy as np
 import torch
 
 from ..adapters import DraftContext
-from ..analysis import (TWO_SAMPLE_SHARE, arms_test, position_tests, sequential_evidence, stop_sequentially,
-                        strata)
+from ..analysis import position_tests, sequential_evidence, stop_sequentially, strata
 from ..candidates import check_candidates
 from ..compat import speculative_sampling
 from ..engine import guarded, run_in_chunks
-from ..errors import GeneratorFailure, NotApplicable
+from ..errors import GeneratorFailure, NotApplicable, Timeout
 from ..expected import ExactLaws
 from ..results import POWER, Case, CaseResult, one_line
 from ..stats import Stratum, law_test
 from ..stubs import fixed_logits_lm
 from ..warpers import capture_processors
-from .batching import BATCH_SIZE, batch1_trials_per_chunk, decide_batching, draft_lengths, family_flag
+from .batching import BATCH_SIZE, decide_batching, draft_lengths, family_flag
 from .observations import Observations, widen
+from .replay import BatchMismatch, SamplerLog, replay_detectable_tv, replay_rows, replays_per_chunk
 
 #: Memory the per-case cache of processed target logits may hold.
 TARGET_CACHE_BYTES = 256 * 2**20
@@ -109,11 +107,14 @@ class StepCase:
 
     @property
     def batching(self) -> tuple[int, str]:
-        """``(rows per call in the batched arm, why)``; 1 when the case runs at batch 1 only."""
+        """``(rows per call, why)``; 1 when the case runs at batch 1 only."""
         if self._batching is None:
-            self._batching = decide_batching(self.case.generator, self.requested_batch_size, self.draft,
-                                             self.prompt_ids.shape[1])
+            self._batching = decide_batching(self.case.generator, self.requested_batch_size)
         return self._batching
+
+    def run_at_batch_1(self, why: str) -> None:
+        """From now on every trial is a batch-1 call, because ``why``."""
+        self._batching = (1, f"batch 1: {why}")
 
     # -- the target ----------------------------------------------------------------------------
 
@@ -146,35 +147,31 @@ class StepCase:
 
     # -- trials --------------------------------------------------------------------------------
 
-    def collect(self, samples: int, seed: int, batch1: int | None = None) -> Observations:
-        """``samples`` trials: ``batch1`` of them at batch 1 (all of them when the case does not
-        batch; by default the share of a case of ``samples`` trials), then the rest as rows of
-        batched calls."""
+    def collect(self, samples: int, seed: int, replays: int | None = None) -> Observations:
+        """``samples`` trials: rows of batched calls, ``replays`` of them (chosen at random; by
+        default the share of a case of ``samples`` trials) replayed at batch 1, or batch-1 calls when
+        the case does not batch. Raises :class:`~.replay.BatchMismatch` when a replay differs."""
         torch.manual_seed(seed)
         batch_size = self.batching[0]
-        if batch_size <= 1:
-            batch1 = samples
-        elif batch1 is None:
-            batch1 = sum(batch1_trials_per_chunk(samples))  # as for a case of ``samples`` trials
+        replayed = np.zeros(samples, dtype=bool)
+        if batch_size > 1:
+            count = sum(replays_per_chunk(samples)) if replays is None else replays
+            replayed[np.random.default_rng(seed).choice(samples, size=min(count, samples), replace=False)] = True
         width = self.positions
         emitted = np.full((samples, width), -1, dtype=np.int64)
         n_matches = np.zeros(samples, dtype=np.int64)
         drafts = np.zeros(samples, dtype=np.int64)
         impossible = np.zeros(samples, dtype=np.int64)
-        arm = np.zeros(samples, dtype=np.int64)
-        arm[batch1:] = 1
         length = self.prompt_ids.shape[1]
         started = time.perf_counter()
         t = 0
         with torch.no_grad():
             while t < samples:
-                rows = 1 if t < batch1 else min(batch_size, samples - t)
-                candidate_ids, candidate_logits = self.draft(rows)
+                rows = min(batch_size, samples - t)
+                candidate_ids, candidate_logits, lengths = self.draft_rows(rows, replayed[t : t + rows])
                 gamma = candidate_ids.shape[1] - length
                 if gamma + 1 > emitted.shape[1]:
                     emitted = widen(emitted, gamma + 1)
-                lengths = (draft_lengths(candidate_ids[:, length:], self.eos, self.stops_at_eos) if rows > 1
-                           else [gamma])
                 # As _assisted_decoding: the verifier gets candidate_logits in the dtype returned.
                 q_of_drafts = torch.softmax(candidate_logits, dim=-1).gather(-1, candidate_ids[:, length:, None])[..., 0]
                 drafted = np.arange(gamma) < np.asarray(lengths)[:, None]
@@ -189,7 +186,26 @@ class StepCase:
                     emitted[t, : len(tokens)] = tokens
                     n_matches[t] = int(n)
                     t += 1
-        return Observations(emitted, n_matches, drafts, impossible, arm, time.perf_counter() - started)
+        return Observations(emitted, n_matches, drafts, impossible, replayed, time.perf_counter() - started)
+
+    def draft_rows(self, rows: int, replay: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """One call on ``rows`` rows (``candidate_ids``, ``candidate_logits``, each row's draft
+        length), its rows where ``replay`` is set replayed at batch 1 first."""
+        if rows == 1:
+            candidate_ids, candidate_logits = self.draft(1)
+            return candidate_ids, candidate_logits, [candidate_ids.shape[1] - self.prompt_ids.shape[1]]
+        length, vocab = self.prompt_ids.shape[1], self.case.scenario.vocab_size
+        try:
+            with SamplerLog(vocab) as log:
+                candidate_ids, candidate_logits = self.draft(rows)
+        except Timeout:
+            raise
+        except GeneratorFailure as exc:  # the batched call is the harness's construct, not the loop's
+            raise BatchMismatch(f"a call on {rows} rows failed ({exc})") from exc
+        lengths = draft_lengths(candidate_ids[:, length:], self.eos, self.stops_at_eos)
+        replay_rows(self.draft, candidate_ids, candidate_logits, log, lengths, np.flatnonzero(replay).tolist(),
+                    length, vocab)
+        return candidate_ids, candidate_logits, lengths
 
     # -- analysis ------------------------------------------------------------------------------
 
@@ -231,23 +247,29 @@ class StepCase:
         result.samples_per_second = result.samples / obs.seconds if obs.seconds > 0 else None
         positions = self.positions_of(obs)
         size, note = self.batching
-        both_arms = size > 1 and 0 < int(obs.arm.sum()) < len(obs.arm)
-        alpha_laws = alpha * (1 - TWO_SAMPLE_SHARE) if both_arms else alpha
-        result.batch = {"batch_size": size, "note": note, "batch1_trials": int((obs.arm == 0).sum()),
-                        "batched_trials": int(obs.arm.sum())}
+        batched = result.samples if size > 1 else 0
+        result.batch = {"batch_size": size, "note": note, "batch1_trials": result.samples - batched,
+                        "batched_trials": batched}
         result.generator_facts = getattr(self.session(), "facts", None) or None
-        violations = position_tests(result, [self.position_strata(obs, j) for j in range(positions)], alpha_laws)
-        if both_arms:
-            arms_test(result, obs.emitted, obs.arm, positions, self.laws.target, case.scenario.vocab_size,
-                      alpha * TWO_SAMPLE_SHARE)
-            result.p_value = min(1.0, min(result.p_value / (1 - TWO_SAMPLE_SHARE),
-                                          result.batch["two_sample_p_value"] / TWO_SAMPLE_SHARE))
+        violations = position_tests(result, [self.position_strata(obs, j) for j in range(positions)], alpha)
+        if batched:
+            self._batch_1_guarantee(result, int(obs.replayed.sum()))
         result.alpha_case = alpha
         if obs.impossible_drafts:
             result.failed_checks.append("impossible_draft")
         result.exact_failure = bool(violations or obs.impossible_drafts)
-        self._diagnose(result, obs, alpha_laws / positions)
+        self._diagnose(result, obs, alpha / positions)
         return result
+
+    @staticmethod
+    def _batch_1_guarantee(result: CaseResult, replays: int) -> None:
+        """State ``tv_detectable`` for batch-1 calls: the batched rows' own, plus what the clean
+        replays leave unproven (:func:`~.replay.replay_detectable_tv`)."""
+        extra = replay_detectable_tv(replays)
+        result.batch.update(replays=replays, replay_tv=extra, tv_detectable_batched=result.tv_detectable)
+        result.tv_detectable = min(1.0, result.tv_detectable + extra)
+        for entry in result.positions:
+            entry["tv_detectable"] = min(1.0, entry["tv_detectable"] + extra)
 
     def _diagnose(self, result: CaseResult, obs: Observations, alpha_position: float) -> None:
         """The acceptance law and the rejection residuals: diagnostics that explain a failure."""
@@ -303,10 +325,10 @@ def run_step_case(case: Case, samples: int, seed: int, alpha_case: float, sequen
 
     def run() -> CaseResult:
         step = StepCase(case, batch_size)  # one case is one task: built once, used at every look
-        batch1 = batch1_trials_per_chunk(samples)
+        replays = replays_per_chunk(samples)
 
         def collect(chunk: int, size: int, seed_: int) -> Observations:
-            return step.collect(size, seed_, batch1[chunk])
+            return step.collect(size, seed_, replays[chunk])
 
         def analyse(parts: list[Observations], final: bool) -> CaseResult | None:
             obs = Observations.concatenate(parts)
@@ -318,6 +340,10 @@ def run_step_case(case: Case, samples: int, seed: int, alpha_case: float, sequen
                                                                         alpha),
                                      log_e, alpha_case, final, exact)
 
-        return run_in_chunks(case, samples, seed, sequential, timeout, collect, analyse)
+        try:
+            return run_in_chunks(case, samples, seed, sequential, timeout, collect, analyse)
+        except BatchMismatch as exc:  # batched rows say nothing of the real loop: start again at batch 1
+            step.run_at_batch_1(str(exc))
+            return run_in_chunks(case, samples, seed, sequential, timeout, collect, analyse)
 
     return guarded(case, run)

@@ -1,0 +1,159 @@
+"""Batch-1 replay: proof, on the install being checked, that a batched row is what a batch-1 call returns.
+
+``_assisted_decoding`` only ever calls a generator with one row, so a case whose trials are rows of
+batched ``get_candidates`` calls must show that each row behaves as a batch-1 call would. Nothing is
+taken on trust (no family flag, no test run elsewhere): rows drawn at random from the case's own
+batched calls are replayed, each in a ``get_candidates`` call of its own on one row, with every
+vocabulary-wide ``torch.multinomial`` forced to the token the batched call drew for that row
+(:class:`SamplerLog`). The replay must then, exactly (up to float32 round-off between kernels,
+provenance's :data:`~lossless_check.modes.provenance.TOLERANCE` in total variation):
+
+- draw each token from the law the batched call drew that row's token from,
+- draw no more tokens than the row has,
+- return the row's ``candidate_ids`` (cut at its first EOS for families whose drafts stop there),
+- return the row's ``softmax(candidate_logits)`` at every draft position (the verifier sees only the
+  softmax, so a constant added to the logits is the same q).
+
+A difference anywhere raises :class:`BatchMismatch`, and the case runs at batch 1. So does a row
+that cannot be replayed: a sampler drawing several tokens per row, or drafts drawn otherwise (e.g.
+Gumbel-max noise), which the replay cannot force and so drafts afresh: its drafts differ from the
+row's at once, or, if every replay happens to coincide, drafts that are deterministic given the
+draws seen.
+
+**What a clean replay proves** (:func:`replay_detectable_tv`). Couple a batch-1 call with a batched
+row through the same draws wherever their laws agree: the two emit the same tokens unless the
+batch-1 call differs from the row on that row's path, an event of some probability ``f`` which each
+replay (a uniformly chosen row, replayed in an independent batch-1 call) observes. Hence the
+output laws of batch-1 calls and of batched rows differ by at most ``f`` in total variation. If
+``f >= ln(1 / (1 - power)) / m``, ``m`` replays all pass with probability at most
+``(1 - f)^m <= 1 - power``; otherwise a batch-1 bug of TV ``d`` leaves batched rows at TV
+``>= d - f``, which the law tests detect once ``d - f >= tv_detectable`` of the batched rows. So a
+case detects a batch-1 bug of TV ``tv_detectable(batched) + ln(1 / (1 - power)) / m`` with
+probability ``>= power``, whatever the bug: that sum is the ``tv_detectable`` a batched case reports.
+A replay has no false failure (a mismatch never fails a case; it only moves it to batch 1).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from ..engine import chunk_sizes
+from ..errors import GeneratorFailure
+from ..results import POWER
+from .provenance import NOISE, TOLERANCE, Interception, _arg
+
+#: A batched case replays this share of its trials at batch 1 (at least :data:`MIN_REPLAYS`): 400 of
+#: 5,000, which adds ln(100) / 400 = 0.0115 to the case's ``tv_detectable``.
+REPLAY_SHARE = 0.08
+MIN_REPLAYS = 100
+
+
+class BatchMismatch(Exception):
+    """A batched row is not what a batch-1 call returns (or cannot be shown to be): run at batch 1."""
+
+
+class SamplerLog(Interception):
+    """The vocabulary-wide ``torch.multinomial`` calls made while active: ``calls[i]`` is
+    ``(probability rows, tokens drawn)`` of the ``i``-th, and :attr:`noisy` says whether vocabulary-wide
+    random noise was drawn (Gumbel-max sampling, which cannot be forced; or merely a weight init).
+
+    With ``force``, call ``i`` of a one-row, one-token draw returns ``force[i]`` instead of what it
+    drew (the original sampler still runs first, so the random stream advances as it would).
+    """
+
+    def __init__(self, vocab_size: int, force: list[int] | None = None):
+        super().__init__(vocab_size)
+        self.force = force
+        self.calls: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def __enter__(self) -> "SamplerLog":
+        for owner, name, record in ((torch, "multinomial", self._sampled),
+                                    (torch.Tensor, "multinomial", self._sampled),
+                                    (torch, "rand", self._noise), (torch, "rand_like", self._noise),
+                                    (torch.Tensor, "uniform_", self._noise),
+                                    (torch.Tensor, "exponential_", self._noise)):
+            self._patch(owner, name, record)
+        return self
+
+    @property
+    def noisy(self) -> bool:
+        return any(d.kind == NOISE for d in self.draws)
+
+    def _sampled(self, out, args, kwargs) -> torch.Tensor | None:
+        rows = self._rows(_arg(args, kwargs, 0, "input"))
+        if rows is None:
+            return None
+        i = len(self.calls)
+        self.calls.append((rows, out.reshape(rows.shape[0], -1).clone()))
+        if self.force is None or i >= len(self.force) or out.numel() != 1:
+            return None  # nothing to force: the comparison reports the extra or multi-token draw
+        return torch.full_like(out, self.force[i])
+
+
+def replays_per_chunk(samples: int) -> list[int]:
+    """Rows replayed in each chunk of a batched case of ``samples`` trials: :data:`REPLAY_SHARE` of
+    them (at least :data:`MIN_REPLAYS`), spread over the chunks in proportion to their sizes."""
+    total = total_replays(samples)
+    cumulative = np.cumsum(chunk_sizes(samples))
+    upto = [round(total * c / samples) for c in cumulative]
+    return [b - a for a, b in zip([0] + upto[:-1], upto)]
+
+
+def total_replays(samples: int) -> int:
+    return min(samples, max(MIN_REPLAYS, round(samples * REPLAY_SHARE)))
+
+
+def replay_detectable_tv(replays: int, power: float = POWER) -> float:
+    """What ``replays`` clean replays add to a batched case's ``tv_detectable`` (module docstring)."""
+    return 1.0 if replays <= 0 else min(1.0, math.log(1.0 / (1.0 - power)) / replays)
+
+
+def replay_rows(draft, ids: torch.Tensor, logits: torch.Tensor, log: SamplerLog, lengths: list[int],
+                rows: list[int], prompt_length: int, vocab: int) -> None:
+    """Replay ``rows`` of a batched call (``ids``, ``logits``, the ``log`` of its sampler) at batch 1
+    through ``draft(1)``; raise :class:`BatchMismatch` at the first row that differs."""
+    batch = ids.shape[0]
+    for probs, tokens in log.calls:
+        if tokens.shape != (batch, 1):
+            raise BatchMismatch(f"a sampler call drew {tuple(tokens.shape)} tokens in a {batch}-row call: rows "
+                                f"cannot be replayed one by one")
+    for r in rows:
+        force = [int(tokens[r, 0]) for _, tokens in log.calls]
+        with SamplerLog(vocab, force) as replay:
+            try:
+                ids1, logits1 = draft(1)
+            except GeneratorFailure as exc:
+                raise BatchMismatch(f"the batch-1 replay of a row raised ({exc})") from exc
+        difference = _difference(r, lengths[r], ids, logits, log, ids1, logits1, replay, prompt_length)
+        if difference is not None:
+            raise BatchMismatch(f"row {r} of a {batch}-row call differs from its batch-1 replay: {difference}")
+
+
+def _tv(a: torch.Tensor, b: torch.Tensor) -> float:
+    return 0.5 * float((a.to(torch.float64) - b.to(torch.float64)).abs().sum())
+
+
+def _difference(r, n, ids, logits, log, ids1, logits1, replay, length) -> str | None:
+    """How the replay of row ``r`` (``n`` drafts) differs from the row, or ``None``."""
+    if len(replay.calls) > len(log.calls):
+        return f"the batch-1 call drew {len(replay.calls)} tokens, the row {len(log.calls)}"
+    for i, (probs1, tokens1) in enumerate(replay.calls):
+        if tokens1.numel() != 1:
+            return f"the batch-1 call's draw {i + 1} drew {tokens1.numel()} tokens"
+        tv = _tv(probs1[0], log.calls[i][0][r])
+        if tv > TOLERANCE:
+            return f"draw {i + 1} comes from another law at batch 1 (TV {tv:.3g})"
+    row = ids[r, : length + n]
+    if ids1.shape != (1, length + n) or not torch.equal(ids1[0], row):
+        hint = " (vocabulary-wide random noise was drawn: Gumbel-max drafts cannot be forced)" if log.noisy else ""
+        return f"drafts {ids1[0, length:].tolist()} at batch 1, {row[length:].tolist()} in the batch{hint}"
+    # As the verifier: the softmax of candidate_logits in the dtype returned.
+    q1, q = torch.softmax(logits1[0, :n], dim=-1), torch.softmax(logits[r, :n], dim=-1)
+    for j in range(n):
+        tv = _tv(q1[j], q[j])
+        if tv > TOLERANCE:
+            return f"softmax(q) at draft position {j + 1} differs (TV {tv:.3g})"
+    return None
