@@ -49,6 +49,9 @@ def _common(parser: argparse.ArgumentParser, samples_help: str) -> None:
                         help="rows per real get_candidates call in step mode's batched arm; 1 runs every trial "
                              "at batch 1 (default 512)")
     parser.add_argument("--quiet", action="store_true", help="no progress")
+    parser.add_argument("--table", choices=("auto", "full", "summary"), default="auto",
+                        help="the per-case table: full, summary (a line per generator and the failures only), or "
+                             "auto: full up to 40 cases (default)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -168,7 +171,7 @@ def _run(args) -> int:
     with progress_reporter(len(cases), args.quiet) as advance:
         result = run_cases(cases, args.samples, args.alpha, args.seed, args.workers, advance, sequential,
                            args.timeout, args.batch_size)
-    print_table(result)
+    print_table(result, table=args.table)
     if args.json:
         write_json(result, args.json)
     if args.repro:
@@ -202,7 +205,7 @@ def _gate(args) -> int:
                             generate_samples=args.generate_samples, repro_dir=args.repro)
     from .report import print_table
 
-    print_table(result)
+    print_table(result, table=args.table)
     reports = ", ".join(str(Path(args.out) / name) for name in ("report.json", "report.md", "report.html"))
     Console(soft_wrap=True).print(f"gate {'passed' if code == 0 else 'failed'} (exit {code}); reports: {reports}",
                                   highlight=False)

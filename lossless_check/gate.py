@@ -20,11 +20,12 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from .report import FAILING
+
 if TYPE_CHECKING:
     from .results import CaseResult, RunResult
 
 REPORT_NAMES = ("report.json", "report.md", "report.html")
-FAILING = ("not_lossless", "error")
 _MARK = {"lossless": "✅", "not_lossless": "❌", "error": "⚠️", "skipped": "⏭️"}
 _COLOUR = {"lossless": "#c8e6c9", "not_lossless": "#ef9a9a", "error": "#ffe082", "skipped": "#e0e0e0"}
 

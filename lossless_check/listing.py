@@ -18,12 +18,11 @@ def modes_for(name: str) -> str:
     modes = [] if name in NO_Q else ["step", "provenance"]
     if skip_reason(Case(generator, {}, "generate")) is None:
         modes.append("generate")
-    batched = " (step batched)" if "step" in modes and getattr(generator.adapter, "batchable", False) else ""
+    batched = " (step batched, replayed at batch 1)" if "step" in modes and getattr(generator.adapter, "batchable", False) else ""
     return (", ".join(modes) or "none") + batched
 
 
 def print_listing() -> int:
-    from rich.console import Console
     from rich.table import Table
     from transformers.generation import candidate_generator as cg
 
@@ -31,18 +30,21 @@ def print_listing() -> int:
     from .compat import versions
     from .matrix import MATRIX_NAMES, available_catalog, matrix
     from .modes.generate import TINY_LLAMA
+    from .report import console_for
     from .scenarios import SCENARIOS
     from .warpers import format_warpers
 
-    console = Console()
-    table = Table(title=f"candidate generators in transformers {versions()['transformers_version']}",
-                  title_justify="left")
-    table.add_column("generator")
-    table.add_column("modes with a verdict")
     installed = {n for n, obj in vars(cg).items()
                  if isinstance(obj, type) and issubclass(obj, cg.CandidateGenerator) and obj is not cg.CandidateGenerator}
-    for name in sorted(installed | set(ADAPTERS)):
-        table.add_row(name, modes_for(name) if name in ADAPTERS else "no adapter yet")
+    rows = [[name, modes_for(name) if name in ADAPTERS else "no adapter yet"] for name in sorted(installed | set(ADAPTERS))]
+    console = console_for(rows)
+    table = Table(title=f"candidate generators in transformers {versions()['transformers_version']}",
+                  title_justify="left")
+    # A name is pasted into --generator: never cut, in a terminal or a log.
+    table.add_column("generator", min_width=max(len(name) for name, _ in rows), overflow="fold")
+    table.add_column("modes with a verdict", overflow="fold")
+    for row in rows:
+        table.add_row(*row)
     console.print(table)
     for scenario in SCENARIOS.values():
         about = f": {scenario.description}" if getattr(scenario, "description", "") else ""

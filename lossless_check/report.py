@@ -37,7 +37,12 @@ def write_json(result: RunResult, path: str | Path) -> None:
     Path(path).write_text(json.dumps(to_json(result), indent=2, sort_keys=False) + "\n")
 
 
-VERDICT_STYLE = {"lossless": "green", "not_lossless": "bold red", "error": "yellow", "skipped": "dim"}
+VERDICT_STYLE = {"lossless": "green", "not_lossless": "bold red", "vacuous": "magenta", "error": "yellow",
+                 "skipped": "dim"}
+#: Verdicts that make a run fail, listed in full after the summary.
+FAILING = ("not_lossless", "error")
+#: ``--table auto`` prints the per-case table up to this many cases (a matrix run gets the summary).
+AUTO_TABLE_CASES = 40
 
 
 def _fmt(value, spec: str) -> str:
@@ -53,39 +58,66 @@ def _note(c) -> str:
     return ""
 
 
-def print_table(result: RunResult, console=None) -> None:
-    """A table a person reads at a glance (skip reasons in its last column), then one line per failing case."""
+def console_for(rows: list[list[str]] | None = None):
+    """A rich console that never cuts a name: in a terminal, its own width (tables fold long cells);
+    elsewhere (a CI log), wide enough for a table of ``rows`` (headers included) with every row on one line."""
     import sys
 
     from rich.console import Console
+
+    if sys.stdout.isatty():
+        return Console()
+    columns = list(zip(*rows)) if rows else []
+    widest = sum(max(len(cell) for cell in column) + 3 for column in columns) + 1  # cells, padding, borders
+    return Console(width=max(200, widest), soft_wrap=True)
+
+
+def print_table(result: RunResult, console=None, table: str = "auto") -> None:
+    """What a run prints: the per-case table (``table``: ``full``, ``summary``, or ``auto``: full up
+    to :data:`AUTO_TABLE_CASES` cases), then a summary line per generator, then every failing case
+    in full. No generator name or warper stack is ever cut."""
     from rich.table import Table
 
-    console = console or Console(width=None if sys.stdout.isatty() else 200)
-    info = versions()
-    table = Table(
-        title=(f"lossless-check  transformers {info['transformers_version']}  torch {info['torch_version']}  "
-               f"family alpha {result.alpha_family:g}  seed {result.seed}"),
-        title_justify="left",
-    )
+    scenarios = len({c.scenario for c in result.cases}) > 1  # a scenario column when a run spans several
     numeric = ("n", "TV", "detectable TV", "p (Holm)", "accept", "theory")
-    # The scenario column only when a run spans several (the matrices' real-world cases).
-    scenarios = len({c.scenario for c in result.cases}) > 1
-    for column in ("generator", "warpers") + (("scenario",) if scenarios else ()) + ("mode", "verdict") + numeric + ("note",):
-        table.add_column(column, justify="right" if column in numeric else "left",
-                         overflow="fold" if column == "note" else "ellipsis")
+    columns = ("generator", "warpers") + (("scenario",) if scenarios else ()) + ("mode", "verdict") + numeric + ("note",)
+    rows = [list(columns)] + [[c.generator, c.warpers, *((c.scenario,) if scenarios else ()), c.mode, c.verdict, str(c.samples or "-"),
+             _fmt(c.tv, ".4f"), _fmt(c.tv_detectable, ".4f"), _fmt(c.p_value_adjusted, ".2g"),
+             _fmt(c.acceptance_rate, ".3f"), _fmt(c.expected_acceptance_rate, ".3f"), _note(c)] for c in result.cases]
+    console = console or console_for(rows)
+    info = versions()
+    title = (f"lossless-check  transformers {info['transformers_version']}  torch {info['torch_version']}  "
+             f"family alpha {result.alpha_family:g}  seed {result.seed}")
+    if table == "full" or (table == "auto" and len(result.cases) <= AUTO_TABLE_CASES):
+        grid = Table(title=title, title_justify="left")
+        longest = max((len(c.generator) for c in result.cases), default=9)
+        for column in columns:
+            grid.add_column(column, justify="right" if column in numeric else "left", overflow="fold",
+                            min_width=longest if column == "generator" else None)
+        for c, row in zip(result.cases, rows[1:]):
+            style = VERDICT_STYLE.get(c.verdict, "")
+            grid.add_row(*row[: 3 + scenarios], f"[{style}]{c.verdict}[/]", *row[4 + scenarios :])
+        console.print(grid)
+    else:
+        console.print(title, highlight=False)
+    print_summary(result, console, scenarios)
+
+
+def print_summary(result: RunResult, console, scenarios: bool) -> None:
+    """One line per generator (its verdict counts, its first failing stack in full), the failing cases
+    in full, and the run's counts."""
+    by_generator: dict[str, list] = {}
     for c in result.cases:
-        style = VERDICT_STYLE.get(c.verdict, "")
-        table.add_row(
-            c.generator, c.warpers, *((c.scenario,) if scenarios else ()), c.mode, f"[{style}]{c.verdict}[/]",
-            str(c.samples or "-"),
-            _fmt(c.tv, ".4f"), _fmt(c.tv_detectable, ".4f"), _fmt(c.p_value_adjusted, ".2g"),
-            _fmt(c.acceptance_rate, ".3f"), _fmt(c.expected_acceptance_rate, ".3f"), _note(c),
-        )
-    console.print(table)
+        by_generator.setdefault(c.generator, []).append(c)
+    for generator, cases in by_generator.items():
+        counts = ", ".join(f"{n} {v}" for v in VERDICT_STYLE if (n := sum(c.verdict == v for c in cases)))
+        failing = next((c for c in cases if c.verdict in FAILING), None)
+        first = f"; first failing: [{failing.warpers}] {failing.mode}" if failing else ""
+        console.print(f"{generator}: {counts}{first}", highlight=False, markup=False)
     for c in result.cases:
-        if c.verdict in ("not_lossless", "error"):
+        if c.verdict in FAILING:
             where = f" {c.scenario}" if scenarios else ""
-            console.print(f"[{VERDICT_STYLE[c.verdict]}]{c.verdict}[/] {c.generator} [{c.warpers}]{where} {c.mode}: {c.reason}",
-                          highlight=False)
+            console.print(f"[{VERDICT_STYLE[c.verdict]}]{c.verdict}[/] ", end="", highlight=False)
+            console.print(f"{c.generator} [{c.warpers}]{where} {c.mode}: {c.reason}", highlight=False, markup=False)
     counts = result.counts()
     console.print(", ".join(f"{n} {v}" for v, n in counts.items() if n), highlight=False)

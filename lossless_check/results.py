@@ -6,6 +6,7 @@ family-wise decision applied (:func:`decide`, Holm across the statistical cases)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +67,7 @@ class CaseResult:
     p_value: float | None = None
     p_value_adjusted: float | None = None
     alpha_case: float | None = None
+    alpha_family: float | None = None  # the run's family-wise rate Holm decided the case at
     chi2: float | None = None
     chi2_dof: int | None = None
     chi2_p_value: float | None = None
@@ -106,23 +108,23 @@ class CaseResult:
             parts.append("drafted a token its returned q gives probability 0")
         if "e_value" in self.failed_checks:
             strongest = max(self.positions, key=lambda p: p.get("log_e_value", -1e300))["position"]
-            parts.append(f"anytime e-value e^{self.log_e_value:.1f} >= 2/alpha after {self.samples} trials "
+            level = math.log(2.0 / self.alpha_case)
+            parts.append(f"sequential e-value test rejects, e-value {compared(self.log_e_value, level, '>=', 'e^', '.1f')}"
+                         f" = 2/alpha after {self.samples} trials "
                          f"(most evidence at position {strongest})")
         bad = [p for p in self.positions if f"output_law@{p['position']}" in self.failed_checks]
         for p in bad:
             if "e_value" in self.failed_checks:  # stopped early: the evidence is the position's e-value
-                parts.append(f"output law at position {p['position']}: e-value e^{p['log_e_value']:.1f}, "
+                parts.append(f"output law at position {p['position']}: sequential e-value e^{p['log_e_value']:.1f}, "
                              f"TV {p['tv']:.4f} (n={p['samples']})")
                 continue
-            parts.append(
-                f"output law at position {p['position']}: TV {p['tv']:.4f} > threshold {p['tv_threshold']:.4f} "
-                f"(p={p['p_value']:.2g}, n={p['samples']})"
-            )
+            parts.append(f"output law at position {p['position']}: {law_test_sentence(p)}")
         if self.verdict == "not_lossless" and not parts and not self.exact_failure:
             # Holm rejected the case's combined p-value without any single check at its own level.
             worst = min(self.positions, key=lambda p: p["p_value"]) if self.positions else None
             where = f"; smallest at position {worst['position']} (TV {worst['tv']:.4f})" if worst else ""
-            parts.append(f"combined p-value {self.p_value:.2g} <= family alpha after Holm{where}")
+            parts.append(f"combined p-value {self.p_value:.2g}, Holm-adjusted "
+                         f"{compared(self.p_value_adjusted, self.alpha_family, '<=', '', '.2g')} = family alpha{where}")
         if self.verdict == "lossless" and not parts and self.tv is not None:
             parts.append(f"TV {self.tv:.4f}; would detect TV >= {self.tv_detectable:.4f} with power {POWER}")
         if self.expected_acceptance_rate is None and self.acceptance_rate is not None:
@@ -145,6 +147,29 @@ class CaseResult:
         if self.tv_ci is not None:
             out["tv_ci"] = list(self.tv_ci)
         return out
+
+
+def law_test_sentence(p: dict) -> str:
+    """Which half of a position's verdict test rejected, with a true statement about its statistic."""
+    said = []
+    if "l1" in p.get("rejected_by", ()):
+        said.append(f"L1 test rejects, TV {compared(p['tv'], p['tv_threshold'], '>', '', '.4f')} threshold "
+                    f"(p={compared(p['l1_p_value'], p['l1_alpha'], '<=', '', '.2g')})")
+    if "lr" in p.get("rejected_by", ()):
+        said.append(f"likelihood-ratio test rejects, e-value e^{p['lr_log_e_value']:.1f} "
+                    f"(p={compared(p['lr_p_value'], p['lr_alpha'], '<=', '', '.2g')}; TV {p['tv']:.4f})")
+    return "; ".join(said) + f" (n={p['samples']})"
+
+
+def compared(a: float, b: float, relation: str, prefix: str, spec: str) -> str:
+    """``"{a} {relation} {b}"``, with as many digits as it takes for the printed numbers to show the
+    relation (``0.04391 > 0.04389`` must not print as ``0.0439 > 0.0439``)."""
+    kind, digits = spec[-1], int(spec[1:-1])
+    for more in range(0, 9):
+        left, right = (format(v, f".{digits + more}{kind}") for v in (a, b))
+        if left != right or a == b:
+            break
+    return f"{prefix}{left} {relation} {prefix}{right}"
 
 
 @dataclass
@@ -176,7 +201,7 @@ def decide(results: list[CaseResult], alpha_family: float) -> None:
     tested = [r for r in results if r.p_value is not None and r.verdict not in ("error", "skipped")]
     adjusted = holm_correction([r.p_value for r in tested])
     for r, adj in zip(tested, adjusted):
-        r.p_value_adjusted = float(adj)
+        r.p_value_adjusted, r.alpha_family = float(adj), alpha_family
         r.verdict = "not_lossless" if (r.exact_failure or adj <= alpha_family) else "lossless"
         # Checks flagged at the Bonferroni level stand when Holm rejects; a lossless verdict has none.
         if r.verdict == "lossless":

@@ -1,0 +1,100 @@
+"""Output a CI log can use: nothing cut when stdout is not a terminal, and reasons that are true.
+
+The CLI runs in a subprocess with its output captured (not a terminal, as in CI). Every reason
+string states a relation between numbers (``TV a > b threshold``, ``p=a <= b``, ``e^a >= e^b``):
+:func:`false_claims` checks each one against the numbers it prints.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import lossless_check as lc
+from lossless_check.adapters import ADAPTERS
+from lossless_check.matrix import matrix
+from lossless_check.results import CaseResult, decide
+from lossless_check.warpers import format_warpers
+
+ROOT = Path(__file__).resolve().parents[1]
+MUTANT = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
+NUMBER = r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?"
+CLAIM = re.compile(rf"(?:e\^)?({NUMBER}) (<=|>=|<|>) (?:threshold )?(?:e\^)?({NUMBER})")
+RELATIONS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt}
+
+
+def false_claims(reason: str) -> list[str]:
+    """The relations in ``reason`` that its own printed numbers contradict."""
+    return [m.group(0) for m in CLAIM.finditer(reason)
+            if not RELATIONS[m.group(2)](float(m.group(1)), float(m.group(3)))]
+
+
+def test_the_checker_catches_a_false_inequality():
+    """Negative control: the sentence the L1 test used to print when the likelihood ratio rejected."""
+    assert false_claims("output law at position 1: TV 0.0566 > threshold 0.0689 (p=2.6e-09, n=5000)")
+    assert not false_claims("L1 test rejects, TV 0.0744 > 0.0379 threshold (p=6.1e-26 <= 1.2e-07)")
+
+
+def cli(*args: str) -> str:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run([sys.executable, "-m", "lossless_check.cli", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode in (0, 1), done.stderr
+    return done.stdout + done.stderr
+
+
+def test_list_prints_every_generator_name_whole():
+    out = cli("list")
+    assert "…" not in out
+    for name in ADAPTERS:
+        assert re.search(rf"\b{name}\b", out), name
+
+
+LONG_STACKS = sorted((format_warpers(w) for w in matrix("default")), key=len)[-3:]
+
+
+@pytest.mark.parametrize("table", ["auto", "summary"])
+def test_run_prints_every_name_and_stack_whole(table):
+    args = ["run", "--generator", "SinglePositionMultiTokenCandidateGenerator", "--generator", MUTANT,
+            "--scenario", "iid8", "--samples", "300", "--quiet", "--table", table]
+    for stack in LONG_STACKS:
+        args += ["--warpers", stack]
+    out = cli(*args)
+    assert "…" not in out
+    lines = out.splitlines()
+    # The summary: a line per generator, and every failing case in full (the mutant fails somewhere).
+    assert any(line.startswith("SinglePositionMultiTokenCandidateGenerator: ") for line in lines)
+    assert any(line.startswith("DFlashReturnsRawLogits: ") for line in lines)
+    failing = [line for line in lines if line.startswith(("not_lossless ", "error "))]
+    assert failing and all(any(f"[{stack}]" in line for stack in LONG_STACKS) for line in failing)
+    if table == "auto":  # six cases: the whole table, each row on one line
+        for stack in LONG_STACKS:
+            assert sum(stack in line for line in lines) >= 2, stack
+
+
+def test_every_reason_is_true_of_its_numbers():
+    """Fixed and sequential runs, lossless and failing cases, step with provenance beside it."""
+    generators = ["DFlashTokenCandidateGenerator", MUTANT, "SinglePositionMultiTokenCandidateGenerator"]
+    warpers = ["top_k=3", "temperature=0.6", "none"]
+    reasons = []
+    for sequential in (True, False):
+        run = lc.run(generators, warpers=warpers, scenario="markov8", samples=1500, sequential=sequential, mode="all")
+        reasons += [c.reason for c in run.cases]
+    assert any("L1 test rejects" in r for r in reasons) and any("likelihood-ratio test rejects" in r for r in reasons)
+    assert any("sequential e-value test rejects" in r for r in reasons)
+    assert [(r, false_claims(r)) for r in reasons if false_claims(r)] == []
+
+
+def test_a_case_rejected_by_holm_alone_says_so_truly():
+    """Holm can reject a case's combined p-value with no single check at its own level."""
+    case = CaseResult("G", "top_k=3", "step", "iid8", p_value=4e-7, positions=[
+        {"position": 1, "tv": 0.05, "p_value": 4e-7}])
+    decide([case], 1e-6)
+    assert case.verdict == "not_lossless" and "Holm-adjusted" in case.reason
+    assert not false_claims(case.reason), case.reason
