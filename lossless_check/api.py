@@ -28,26 +28,53 @@ DEFAULT_ALPHA = 1e-6
 DEFAULT_SCENARIO = "markov8"
 
 
+class RunInterrupted(Exception):
+    """SIGINT or SIGTERM stopped a run: ``partial`` holds its finished cases, decided among themselves,
+    and the others as ``unfinished``."""
+
+    def __init__(self, partial: RunResult):
+        super().__init__(f"interrupted after {sum(c.verdict != 'unfinished' for c in partial.cases)} of "
+                         f"{len(partial.cases)} cases")
+        self.partial = partial
+
+
 def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers: int = 1,
               progress: Callable[[int], None] | None = None, sequential: bool = True,
               timeout: float = CHUNK_TIMEOUT, batch_size: int | None = None,
-              samples_by_mode: dict[str, int] | None = None) -> RunResult:
+              samples_by_mode: dict[str, int] | None = None, journal=None) -> RunResult:
     """Run cases of any mode on one engine; the family-wise decision covers every statistical case.
 
     ``samples_by_mode`` overrides ``samples`` for the cases of a mode (the gate runs the slower
     generate mode at fewer trials; each case states its own ``tv_detectable``).
 
     ``progress(trials)`` is called as each case completes, with the trials it ran. Results do not depend on ``workers``.
+    ``journal`` (a :class:`~lossless_check.journal.Journal`): its finished cases are not run again, and
+    each case is recorded there as it finishes. A ``KeyboardInterrupt`` (SIGINT; the CLI turns SIGTERM
+    into one) stops the workers and raises :class:`RunInterrupted`.
     """
     _check_processors(cases)
     statistical = [c.mode in STATISTICAL_MODES for c in cases]
     alpha_case = alpha / max(1, sum(statistical))
     tasks = [replace(c, mode="step") if c.mode == "all" else c for c in cases]
-    with Engine(workers) as engine:
-        planned = [(samples_by_mode or {}).get(t.mode, samples) for t in tasks]
-        results = engine.map(run_case, [(t, n, seed, alpha_case, sequential, timeout, batch_size)
-                                        for t, n in zip(tasks, planned)], progress,
-                             cost=[_work_estimate(t, n) for t, n in zip(tasks, planned)])
+    results: list = [None if journal is None else journal.done.get(i) for i in range(len(cases))]
+    todo = [i for i, r in enumerate(results) if r is None]
+    planned = [(samples_by_mode or {}).get(t.mode, samples) for t in tasks]
+
+    def finished(k: int, result: CaseResult) -> None:
+        results[todo[k]] = result
+        if journal is not None:
+            journal.record(todo[k], result)
+
+    try:
+        with Engine(workers) as engine:
+            engine.map(run_case, [(tasks[i], planned[i], seed, alpha_case, sequential, timeout, batch_size)
+                                  for i in todo], progress,
+                       cost=[_work_estimate(tasks[i], planned[i]) for i in todo], finished=finished)
+    except KeyboardInterrupt:
+        partial = [r or c.result(verdict="unfinished", reason="the run was interrupted before this case finished")
+                   for c, r in zip(cases, results)]
+        decide([r for r, s in zip(partial, statistical) if s], alpha)
+        raise RunInterrupted(RunResult(partial, alpha, seed, samples, interrupted=True)) from None
     decide([r for r, s in zip(results, statistical) if s], alpha)
     for case, task, result in zip(cases, tasks, results):
         if case.mode == "all":

@@ -1,7 +1,8 @@
 """``lossless-check`` command line: ``run``, ``gate``, ``mutants`` and ``list``.
 
 Exit codes: 0 every case lossless; 1 at least one case not lossless, or a generator error (a finding
-about the generator); 2 bad usage or input (one line); 3 the harness's own bug.
+about the generator); 2 bad usage or input (one line); 3 the harness's own bug; 4 interrupted (SIGINT
+or SIGTERM): the report holds every finished case, the rest ``unfinished``, and ``--resume`` continues.
 
 Arguments are checked before torch and transformers are imported, so bad usage fails at once.
 """
@@ -14,7 +15,7 @@ import sys
 from .errors import UsageError
 from .options import positive_int, probability
 
-EXIT_OK, EXIT_NOT_LOSSLESS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_OK, EXIT_NOT_LOSSLESS, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 4
 #: Trials per case: position 1 then detects a TV of about 0.07 (vocabulary 8, family alpha 1e-6).
 DEFAULT_SAMPLES = 5_000
 DEFAULT_SCENARIO = "markov8"
@@ -49,6 +50,9 @@ def _common(parser: argparse.ArgumentParser, samples_help: str) -> None:
                         help="rows per real get_candidates call in step mode's batched arm; 1 runs every trial "
                              "at batch 1 (default 512)")
     parser.add_argument("--quiet", action="store_true", help="no progress")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue an interrupted run with the same arguments from the journal kept beside its "
+                             "report (run: --json PATH; gate: --out DIR); the result is the uninterrupted run's")
     parser.add_argument("--table", choices=("auto", "full", "summary"), default="auto",
                         help="the per-case table: full, summary (a line per generator and the failures only), or "
                              "auto: full up to 40 cases (default)")
@@ -118,6 +122,22 @@ def _precheck(args) -> None:
         split_warpers(spec)
     if args.scenario is not None and args.scenario not in SCENARIO_NAMES:
         raise UsageError(f"unknown scenario {args.scenario!r}; known: {', '.join(SCENARIO_NAMES)}")
+    _check_paths(args)
+
+
+def _check_paths(args) -> None:
+    """Every path a command writes, checked before any work (a report lost after an hour is no report)."""
+    from .journal import check_writable_dir, check_writable_file
+
+    if getattr(args, "json", None):
+        check_writable_file(args.json, "--json")
+    for option in ("out", "repro"):
+        if getattr(args, option, None) and args.command != "repro":
+            check_writable_dir(getattr(args, option), f"--{option}")
+    if args.command == "repro":
+        check_writable_file(args.out, "--out")
+    if getattr(args, "resume", False) and args.command == "run" and not args.json:
+        raise UsageError("--resume needs the --json PATH of the interrupted run (its journal lies beside it)")
 
 
 def _cases(args):
@@ -164,13 +184,23 @@ def _run(args) -> int:
     from .progress import progress_reporter
     from .report import print_table, write_json
 
+    from .api import RunInterrupted
+    from .journal import Journal, journal_for, run_identity
+
     cases = _cases(args)
     sequential = not args.fixed
     if args.detect_tv is not None:
         args.samples = samples_to_detect(cases, args.detect_tv, args.alpha, args.max_new_tokens, sequential)
-    with progress_reporter(len(cases), args.quiet) as advance:
-        result = run_cases(cases, args.samples, args.alpha, args.seed, args.workers, advance, sequential,
-                           args.timeout, args.batch_size)
+    journal = None
+    if args.json:
+        identity = run_identity(cases, args.samples, args.alpha, args.seed, sequential, args.batch_size)
+        journal = Journal(journal_for(args.json), identity, args.resume)
+    try:
+        with progress_reporter(len(cases) - len(journal.done if journal else ()), args.quiet) as advance:
+            result = run_cases(cases, args.samples, args.alpha, args.seed, args.workers, advance, sequential,
+                               args.timeout, args.batch_size, journal=journal)
+    except RunInterrupted as stopped:
+        return _interrupted(stopped.partial, args.json, args.table)
     print_table(result, table=args.table)
     if args.json:
         write_json(result, args.json)
@@ -179,6 +209,19 @@ def _run(args) -> int:
 
         print("\n".join(write_repros(cases, result.cases, args.repro)))
     return result.exit_code
+
+
+def _interrupted(partial, json_path, table: str) -> int:
+    """Report what an interrupted run finished, and how to go on."""
+    from .report import print_table, write_json
+
+    print_table(partial, table=table)
+    if json_path:
+        write_json(partial, json_path)
+    print(f"lossless-check: interrupted: {sum(c.verdict != 'unfinished' for c in partial.cases)} of "
+          f"{len(partial.cases)} cases finished{' and are in ' + json_path if json_path else ''}; the same command "
+          "with --resume continues", file=sys.stderr)
+    return EXIT_INTERRUPTED
 
 
 def _repro(args) -> int:
@@ -198,11 +241,17 @@ def _gate(args) -> int:
     from .gate import gate
     from .progress import progress_reporter
 
-    with progress_reporter(None, args.quiet) as advance:
-        result, code = gate(args.generator, args.out, matrix_name=args.matrix, samples=args.samples, alpha=args.alpha,
-                            seed=args.seed, scenario=args.scenario, workers=args.workers, sequential=not args.fixed,
-                            progress=advance, batch_size=args.batch_size, return_result=True,
-                            generate_samples=args.generate_samples, repro_dir=args.repro)
+    from .api import RunInterrupted
+
+    try:
+        with progress_reporter(None, args.quiet) as advance:
+            result, code = gate(args.generator, args.out, matrix_name=args.matrix, samples=args.samples,
+                                alpha=args.alpha, seed=args.seed, scenario=args.scenario, workers=args.workers,
+                                sequential=not args.fixed, progress=advance, batch_size=args.batch_size,
+                                return_result=True, generate_samples=args.generate_samples, repro_dir=args.repro,
+                                resume=args.resume)
+    except RunInterrupted as stopped:
+        return _interrupted(stopped.partial, str(Path(args.out) / "report.json"), args.table)
     from .report import print_table
 
     print_table(result, table=args.table)
@@ -233,6 +282,13 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if args.command in ("run", "gate", "repro"):
             _precheck(args)
+        elif args.command == "mutants" and args.json:
+            _check_paths(args)
+        if args.command in ("run", "gate"):
+            import signal
+
+            # A CI time-out or a pre-empted node sends SIGTERM: stop as for Ctrl-C, keeping what finished.
+            signal.signal(signal.SIGTERM, signal.default_int_handler)
         if args.command == "list":
             from .listing import print_listing
 
@@ -253,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lossless-check: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        return EXIT_INTERNAL
+        print("lossless-check: interrupted before any case finished", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except Exception as exc:  # noqa: BLE001 - anything else is our bug: say so, keep the traceback
         import traceback
 

@@ -117,20 +117,20 @@ class Engine:
         self._pool: ProcessPoolExecutor | None = None
 
     def map(self, task: Callable, arguments: list[tuple], progress: Callable[[int], None] | None = None,
-            cost: list[float] | None = None) -> list:
+            cost: list[float] | None = None, finished: Callable[[int, object], None] | None = None) -> list:
         """``[task(*a) for a in arguments]``, on the pool when there is one and more than one task.
 
-        ``progress(trials)`` is called as each task completes, with its result's ``samples``. ``cost``
+        ``progress(trials)`` is called as each task completes, with its result's ``samples``, and
+        ``finished(index, result)`` too (a journal keeps it). ``cost``
         (an estimate per task) orders the pool's queue, longest first, so that a long task does not
         start last and run alone; results come back in the order of ``arguments`` either way.
         """
         if self.workers <= 1 or len(arguments) < 2:
             with one_thread():
                 results = []
-                for args in arguments:
+                for index, args in enumerate(arguments):
                     results.append(task(*args))
-                    if progress is not None:
-                        progress(results[-1].samples)
+                    _report(index, results[-1], progress, finished)
             return results
         pool = self._start()
         order = sorted(range(len(arguments)), key=lambda i: -cost[i]) if cost else range(len(arguments))
@@ -139,8 +139,7 @@ class Engine:
         for future in as_completed(futures):
             index = futures[future]
             results[index] = future.result()
-            if progress is not None:
-                progress(results[index].samples)
+            _report(index, results[index], progress, finished)
         return results
 
     def _start(self) -> ProcessPoolExecutor:
@@ -149,16 +148,29 @@ class Engine:
                                              initializer=_init_worker)
         return self._pool
 
-    def close(self) -> None:
+    def close(self, stop_now: bool = False) -> None:
+        """Shut the pool down; ``stop_now`` (an interrupted run) ends the cases still running too."""
         if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
+            workers = list(getattr(self._pool, "_processes", {}).values()) if stop_now else []
+            self._pool.shutdown(wait=not stop_now, cancel_futures=True)
+            for process in workers:
+                process.terminate()
+            for process in workers:
+                process.join()
             self._pool = None
 
     def __enter__(self) -> "Engine":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, kind, *exc) -> None:
+        self.close(stop_now=kind is not None and issubclass(kind, KeyboardInterrupt))
+
+
+def _report(index: int, result, progress, finished) -> None:
+    if finished is not None:
+        finished(index, result)
+    if progress is not None:
+        progress(result.samples)
 
 
 @contextmanager

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from .results import CaseResult, RunResult
 
 REPORT_NAMES = ("report.json", "report.md", "report.html")
+#: The gate's journal of finished cases (:mod:`lossless_check.journal`), beside its reports.
+JOURNAL_NAME = "journal.jsonl"
 _MARK = {"lossless": "✅", "not_lossless": "❌", "error": "⚠️", "skipped": "⏭️"}
 _COLOUR = {"lossless": "#c8e6c9", "not_lossless": "#ef9a9a", "error": "#ffe082", "skipped": "#e0e0e0"}
 
@@ -33,7 +35,8 @@ _COLOUR = {"lossless": "#c8e6c9", "not_lossless": "#ef9a9a", "error": "#ffe082",
 def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "default", modes: tuple[str, ...] | None = None,
          samples: int = 5_000, alpha: float = 1e-6, seed: int = 0, scenario: str | None = None, workers: int = 1,
          progress: Callable[[int], None] | None = None, sequential: bool = True, batch_size: int | None = None,
-         return_result: bool = False, generate_samples: int = 400, repro_dir: str | Path | None = None):
+         return_result: bool = False, generate_samples: int = 400, repro_dir: str | Path | None = None,
+         resume: bool = False):
     """Run ``generator_spec`` over a warper matrix, write the three reports into ``out_dir``, return the exit code.
 
     ``scenario=None``: the default scenario, plus the matrix's real-world cases in the first mode
@@ -47,9 +50,12 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
     sequence at a time) runs ``generate_samples`` trials per case, to catch the large effects of bugs
     in the loop; each case reports the ``tv_detectable`` that gives. ``repro_dir``: write a standalone
     reproduction script there for every failing case that has one (:func:`lossless_check.repro.write_repros`).
+    Finished cases are journaled in ``out_dir`` (:data:`JOURNAL_NAME`); ``resume`` runs only the others.
+    An interrupted gate writes its reports with what finished and raises :class:`~lossless_check.api.RunInterrupted`.
     """
     from .adapters import resolve_generator
-    from .api import DEFAULT_SCENARIO, real_world_cases, resolve_scenario, run_cases
+    from .api import DEFAULT_SCENARIO, RunInterrupted, real_world_cases, resolve_scenario, run_cases
+    from .journal import Journal, run_identity
     from .matrix import matrix
     from .results import Case
 
@@ -62,8 +68,16 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
         cases += real_world_cases([generator], matrix_name, modes[0])
     if hasattr(progress, "set_total"):
         progress.set_total(len(cases))
-    result = run_cases(cases, samples, alpha, seed, workers, progress, sequential=sequential, batch_size=batch_size,
-                       samples_by_mode={"generate": min(samples, generate_samples)})
+    by_mode = {"generate": min(samples, generate_samples)}
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    identity = {**run_identity(cases, samples, alpha, seed, sequential, batch_size), "samples_by_mode": by_mode}
+    journal = Journal(Path(out_dir) / JOURNAL_NAME, identity, resume)
+    try:
+        result = run_cases(cases, samples, alpha, seed, workers, progress, sequential=sequential,
+                           batch_size=batch_size, samples_by_mode=by_mode, journal=journal)
+    except RunInterrupted as stopped:
+        write_reports(stopped.partial, out_dir, title=generator_spec)
+        raise
     write_reports(result, out_dir, title=generator_spec)
     if repro_dir is not None:
         from .repro import write_repros
@@ -81,8 +95,10 @@ def write_reports(result: RunResult, out_dir: str | Path, title: str) -> list[Pa
     doc = to_json(result)
     texts = (json.dumps(doc, indent=2) + "\n", to_markdown(result, doc, title), to_html(result, doc, title))
     paths = [out / name for name in REPORT_NAMES]
+    from .journal import write_atomically
+
     for path, text in zip(paths, texts):
-        path.write_text(text, encoding="utf-8")
+        write_atomically(path, text)
     return paths
 
 

@@ -28,17 +28,21 @@ def to_json(result: RunResult) -> dict:
         "seed": result.seed,
         "samples": result.samples,
         "power": 0.99,
+        "interrupted": result.interrupted,
         "cases": [c.to_dict() for c in result.cases],
     }
     return _clean(doc)
 
 
 def write_json(result: RunResult, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(to_json(result), indent=2, sort_keys=False) + "\n")
+    """The JSON report at ``path``, replaced atomically (a reader never sees half of one)."""
+    from .journal import write_atomically
+
+    write_atomically(path, json.dumps(to_json(result), indent=2, sort_keys=False) + "\n")
 
 
 VERDICT_STYLE = {"lossless": "green", "not_lossless": "bold red", "vacuous": "magenta", "error": "yellow",
-                 "skipped": "dim"}
+                 "skipped": "dim", "unfinished": "yellow"}
 #: Verdicts that make a run fail, listed in full after the summary.
 FAILING = ("not_lossless", "error")
 #: ``--table auto`` prints the per-case table up to this many cases (a matrix run gets the summary).

@@ -18,8 +18,8 @@ from .warpers import format_warpers
 POWER = 0.99
 #: Checks that fail on a single impossible event, whatever the sample size.
 EXACT_CHECKS = ("support", "impossible_draft", "stopping", "provenance")
-#: Verdicts, in the order reports list them.
-VERDICTS = ("not_lossless", "error", "lossless", "skipped")
+#: Verdicts, in the order reports list them (``unfinished``: only in the report of an interrupted run).
+VERDICTS = ("not_lossless", "error", "lossless", "skipped", "unfinished")
 
 
 @dataclass(frozen=True)
@@ -180,6 +180,7 @@ class RunResult:
     alpha_family: float
     seed: int
     samples: int
+    interrupted: bool = False  # SIGINT/SIGTERM: the decision covers the finished cases only
 
     @property
     def exit_code(self) -> int:
@@ -198,7 +199,7 @@ class RunResult:
 
 def decide(results: list[CaseResult], alpha_family: float) -> None:
     """Holm across the tested cases: verdicts controlling the family-wise false-failure rate."""
-    tested = [r for r in results if r.p_value is not None and r.verdict not in ("error", "skipped")]
+    tested = [r for r in results if r.p_value is not None and r.verdict not in ("error", "skipped", "unfinished")]
     adjusted = holm_correction([r.p_value for r in tested])
     for r, adj in zip(tested, adjusted):
         r.p_value_adjusted, r.alpha_family = float(adj), alpha_family

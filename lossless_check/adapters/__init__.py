@@ -74,14 +74,28 @@ def resolve_generator(spec: str) -> ResolvedGenerator:
         return ResolvedGenerator(spec, adapter, adapter.installed_class())
     obj = _load_attr(spec)
     if not isinstance(obj, type):
-        if callable(obj):
+        if callable(obj) and _takes_one_argument(obj):
             return ResolvedGenerator(spec, FactoryAdapter(obj), obj)
-        raise UsageError(f"generator {spec!r} is neither a class nor a factory function")
+        raise UsageError(f"generator {spec!r} is neither a candidate generator class nor a factory taking one "
+                         "argument (the case's DraftContext)")
     for base in obj.__mro__:
         adapter = ADAPTERS.get(base.__name__)
         if adapter is not None and base.__module__.startswith("transformers."):
             return ResolvedGenerator(spec, adapter, obj)
     raise UsageError(f"generator {spec!r} subclasses no built-in generator with an adapter")
+
+
+def _takes_one_argument(factory) -> bool:
+    """Whether ``factory(ctx)`` is a valid call (a callable whose signature cannot be read is given the benefit)."""
+    import inspect
+
+    try:
+        inspect.signature(factory).bind(None)
+    except TypeError:
+        return False
+    except ValueError:
+        return True
+    return True
 
 
 __all__ = ["ADAPTERS", "DraftContext", "FactoryAdapter", "DraftSession", "GeneratorAdapter", "ResolvedGenerator", "resolve_generator"]

@@ -1,0 +1,94 @@
+"""Long runs lose nothing: paths checked before any work, finished cases kept, ``--resume``.
+
+The CLI runs in a subprocess, as a CI job would; SIGTERM is what a CI time-out or a pre-empted node sends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HANGS = "fixtures.mutants.hangs_when_told:DFlashHangsWhenTold"
+#: Two quick cases, then one that hangs while LOSSLESS_TEST_HANG is set.
+ARGS = ["run", "--generator", "DFlashTokenCandidateGenerator", "--generator", HANGS, "--warpers", "top_k=3",
+        "--warpers", "temperature=0.6", "--scenario", "iid8", "--samples", "400", "--quiet", "--table", "full"]
+#: What differs between two runs of the same cases besides the results: the time they took.
+TIMINGS = ("seconds", "samples_per_second")
+
+
+def lossless_check(*args: str, hang: bool = False, **popen) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env.pop("LOSSLESS_TEST_HANG", None)
+    if hang:
+        env["LOSSLESS_TEST_HANG"] = "1"
+    return subprocess.Popen([sys.executable, "-m", "lossless_check.cli", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def finish(process: subprocess.Popen, timeout: float = 600) -> tuple[int, str]:
+    out, err = process.communicate(timeout=timeout)
+    return process.returncode, out + err
+
+
+def without_timings(report: dict) -> dict:
+    for case in report["cases"]:
+        for key in TIMINGS:
+            case.pop(key, None)
+    return report
+
+
+def test_an_unwritable_report_path_fails_at_once(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    for args in (["run", "--json", "/nonexistent/dir/x.json"], ["run", "--json", str(tmp_path)],
+                 ["gate", "--generator", "AssistedCandidateGenerator", "--out", "/proc/lossless-gate"],
+                 ["gate", "--generator", "AssistedCandidateGenerator", "--out", str(tmp_path / "a-file" / "gate")],
+                 ["run", "--repro", "/proc/repros"], ["run", "--resume", "--warpers", "top_k=3"]):
+        started = time.perf_counter()
+        code, output = finish(lossless_check(*args))
+        assert code == 2 and time.perf_counter() - started < 2, (args, output)
+        assert len(output.strip().splitlines()) == 1 and output.startswith("lossless-check: error: "), output
+
+
+def test_a_module_attr_that_is_no_generator_is_a_usage_error():
+    code, output = finish(lossless_check("run", "--generator", "os:getcwd", "--warpers", "top_k=3"))
+    assert code == 2 and "neither a candidate generator class nor a factory" in output, output
+    assert len(output.strip().splitlines()) == 1
+
+
+def test_sigterm_keeps_the_finished_cases_and_resume_gives_the_uninterrupted_report(tmp_path):
+    report = tmp_path / "r.json"
+    journal = tmp_path / "r.json.journal.jsonl"
+    running = lossless_check(*ARGS, "--json", str(report), hang=True)
+    deadline = time.monotonic() + 300
+    while not (journal.exists() and len(journal.read_text().splitlines()) >= 3):  # header + two cases
+        assert running.poll() is None and time.monotonic() < deadline, finish(running)
+        time.sleep(0.2)
+    running.send_signal(signal.SIGTERM)
+    code, output = finish(running, timeout=60)
+    assert code == 4 and "--resume" in output, output
+    partial = json.loads(report.read_text())
+    assert partial["interrupted"] is True
+    assert [c["verdict"] for c in partial["cases"]][:2] == ["lossless", "lossless"]
+    assert {c["verdict"] for c in partial["cases"][2:]} == {"unfinished"}
+
+    code, output = finish(lossless_check(*ARGS, "--json", str(report), "--resume"))
+    assert code == 0, output
+    resumed = json.loads(report.read_text())
+    fresh = tmp_path / "fresh.json"
+    assert finish(lossless_check(*ARGS, "--json", str(fresh)))[0] == 0
+    assert without_timings(resumed) == without_timings(json.loads(fresh.read_text()))
+
+
+def test_resume_refuses_another_runs_journal(tmp_path):
+    report = tmp_path / "r.json"
+    args = ["run", "--generator", "DFlashTokenCandidateGenerator", "--warpers", "top_k=3", "--scenario", "iid8",
+            "--samples", "300", "--quiet", "--json", str(report)]
+    assert finish(lossless_check(*args))[0] == 0
+    code, output = finish(lossless_check(*args, "--seed", "1", "--resume"))
+    assert code == 2 and "another run's" in output, output
