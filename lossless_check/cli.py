@@ -103,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     mutants.add_argument("--alpha", type=probability, default=1e-6)
     mutants.add_argument("--seed", type=int, default=0)
     mutants.add_argument("--json", metavar="PATH")
+    from .sweep import add_history_commands
+
+    add_history_commands(sub, MATRICES, DEFAULT_SCENARIO, DEFAULT_SAMPLES)
     sub.add_parser("list", help="generators and the modes that apply on the installed transformers; scenarios; "
                                 "warper catalog and matrices")
     return parser
@@ -284,6 +287,10 @@ def main(argv: list[str] | None = None) -> int:
             _precheck(args)
         elif args.command == "mutants" and args.json:
             _check_paths(args)
+        elif args.command in ("sweep", "bisect"):
+            from .sweep import check_history_paths
+
+            check_history_paths(args, _precheck)
         if args.command in ("run", "gate"):
             import signal
 
@@ -304,6 +311,10 @@ def main(argv: list[str] | None = None) -> int:
             return _mutants(args)
         if args.command == "repro":
             return _repro(args)
+        if args.command in ("sweep", "bisect"):
+            from .sweep import history_command
+
+            return history_command(args)
         return _run(args)
     except UsageError as exc:
         print(f"lossless-check: error: {exc}", file=sys.stderr)

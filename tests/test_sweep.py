@@ -1,0 +1,67 @@
+"""``lossless-check sweep`` and ``bisect``: release specs, the bisection, the compat table, and a real
+bisection through cached per-release environments (built with uv from the package index)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lossless_check.errors import UsageError
+from lossless_check.sweep import bisect, compat_table, parse_releases
+
+ROOT = Path(__file__).resolve().parents[1]
+AVAILABLE = ["4.57.1", "5.0.0", "5.14.0", "5.14.1", "5.15.0", "5.15.1", "5.16.0", "5.24.0"]
+
+
+def test_release_specs():
+    assert parse_releases("5.14.1..5.16.0", AVAILABLE) == ["5.14.1", "5.15.0", "5.15.1", "5.16.0"]
+    assert parse_releases("5.24.0,5.0.0", AVAILABLE) == ["5.0.0", "5.24.0"]
+    assert parse_releases("all", AVAILABLE)[0] == "5.0.0"
+    for bad in ("5.14.2..5.16.0", "5.99.0", "5.16.0..5.14.1"):
+        with pytest.raises(UsageError):
+            parse_releases(bad, AVAILABLE)
+
+
+@pytest.mark.parametrize("change", range(1, len(AVAILABLE)))
+def test_bisect_finds_the_one_change_and_looks_at_few_releases(change):
+    looked = []
+
+    def verdict(release):
+        looked.append(release)
+        return "not_lossless" if AVAILABLE.index(release) < change else "lossless"
+
+    first, seen = bisect(verdict, AVAILABLE)
+    assert first == AVAILABLE[change] and seen[first] == "lossless"
+    assert len(looked) <= 2 + 3  # both ends, then log2(8) halvings
+
+
+def test_bisect_without_a_change():
+    assert bisect(lambda release: "lossless", AVAILABLE)[0] is None
+
+
+def test_the_table_takes_its_reasons_from_the_reports():
+    case = {"generator": "G", "verdict": "not_lossless", "reason": "L1 test rejects, TV 0.2 > 0.1 threshold"}
+    results = {"5.0.0": {"step": {"cases": [dict(case, verdict="lossless", reason="")]}, "seconds": 1.0},
+               "5.1.0": {"step": {"cases": [case]}, "seconds": 2.0},
+               "5.2.0": {"step": {"failed": "exit 3, no report: boom"}, "seconds": 0.5}}
+    table = compat_table(results, ["step"], "lossless-check sweep", {"step": ["run", "--matrix", "smoke"]})
+    assert "| G | lossless | **NOT** 1/1 | failed |" in table
+    assert f"- step / G / **NOT** 1/1 [5.1.0]: {case['reason']}" in table
+    assert "- step / every generator / failed [5.2.0]: exit 3, no report: boom" in table
+
+
+def test_bisect_names_the_release_that_fixed_mtp(tmp_path):
+    """MTP of 5.14.x-5.15.0 returns raw logits while it samples processed ones (fixed in 5.15.1)."""
+    envs = Path(os.environ.get("LOSSLESS_CHECK_ENVS", Path.home() / ".cache" / "lossless-check" / "envs"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "lossless_check.cli", "bisect", "--generator", "MTPCandidateGenerator",
+                           "--warpers", "top_k=3", "--scenario", "iid8", "--releases", "5.14.1..5.16.0",
+                           "--envs", str(envs), "--work", str(tmp_path)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("5.15.1: first release where the verdict changes"), done.stdout
+    assert "5.15.0 not_lossless" in done.stdout and "5.15.1 lossless" in done.stdout
