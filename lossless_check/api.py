@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable, Iterable
 
-from .engine import CHUNK_TIMEOUT, Engine
+from .engine import CHUNK_TIMEOUT, make_engine
 from .errors import UsageError
 from .modes import MODES, STATISTICAL_MODES, run_case
 from .results import Case, CaseResult, RunResult, decide
@@ -41,7 +41,8 @@ class RunInterrupted(Exception):
 def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers: int = 1,
               progress: Callable[[int], None] | None = None, sequential: bool = True,
               timeout: float = CHUNK_TIMEOUT, batch_size: int | None = None,
-              samples_by_mode: dict[str, int] | None = None, journal=None) -> RunResult:
+              samples_by_mode: dict[str, int] | None = None, journal=None, backend: str = "local",
+              address: str | None = None) -> RunResult:
     """Run cases of any mode on one engine; the family-wise decision covers every statistical case.
 
     ``samples_by_mode`` overrides ``samples`` for the cases of a mode (the gate runs the slower
@@ -50,7 +51,8 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
     ``progress(trials)`` is called as each case completes, with the trials it ran. Results do not depend on ``workers``.
     ``journal`` (a :class:`~lossless_check.journal.Journal`): its finished cases are not run again, and
     each case is recorded there as it finishes. A ``KeyboardInterrupt`` (SIGINT; the CLI turns SIGTERM
-    into one) stops the workers and raises :class:`RunInterrupted`.
+    into one) stops the workers and raises :class:`RunInterrupted`. ``backend="ray"`` runs the case
+    tasks on Ray (``address``: an existing cluster; default a local instance of ``workers`` CPUs).
     """
     _check_processors(cases)
     statistical = [c.mode in STATISTICAL_MODES for c in cases]
@@ -66,7 +68,7 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
             journal.record(todo[k], result)
 
     try:
-        with Engine(workers) as engine:
+        with make_engine(workers, backend, address) as engine:
             engine.map(run_case, [(tasks[i], planned[i], seed, alpha_case, sequential, timeout, batch_size)
                                   for i in todo], progress,
                        cost=[_work_estimate(tasks[i], planned[i]) for i in todo], finished=finished)

@@ -50,6 +50,10 @@ def _common(parser: argparse.ArgumentParser, samples_help: str) -> None:
                         help="rows per real get_candidates call in step mode's batched arm; 1 runs every trial "
                              "at batch 1 (default 512)")
     parser.add_argument("--quiet", action="store_true", help="no progress")
+    parser.add_argument("--backend", choices=("local", "ray"), default="local",
+                        help="where cases run: the local process pool (default), or Ray (pip install -e '.[ray]')")
+    parser.add_argument("--address", default=None, metavar="HOST:PORT",
+                        help="--backend ray: the cluster to join (default: a local Ray instance of --workers CPUs)")
     parser.add_argument("--resume", action="store_true",
                         help="continue an interrupted run with the same arguments from the journal kept beside its "
                              "report (run: --json PATH; gate: --out DIR); the result is the uninterrupted run's")
@@ -201,7 +205,8 @@ def _run(args) -> int:
     try:
         with progress_reporter(len(cases) - len(journal.done if journal else ()), args.quiet) as advance:
             result = run_cases(cases, args.samples, args.alpha, args.seed, args.workers, advance, sequential,
-                               args.timeout, args.batch_size, journal=journal)
+                               args.timeout, args.batch_size, journal=journal, backend=args.backend,
+                               address=args.address)
     except RunInterrupted as stopped:
         return _interrupted(stopped.partial, args.json, args.table)
     print_table(result, table=args.table)
@@ -252,7 +257,7 @@ def _gate(args) -> int:
                                 alpha=args.alpha, seed=args.seed, scenario=args.scenario, workers=args.workers,
                                 sequential=not args.fixed, progress=advance, batch_size=args.batch_size,
                                 return_result=True, generate_samples=args.generate_samples, repro_dir=args.repro,
-                                resume=args.resume)
+                                resume=args.resume, backend=args.backend, address=args.address)
     except RunInterrupted as stopped:
         return _interrupted(stopped.partial, str(Path(args.out) / "report.json"), args.table)
     from .report import print_table

@@ -109,6 +109,15 @@ def guarded(case, run: Callable[[], object]):
         return case.result(verdict="error", reason=str(exc))
 
 
+def make_engine(workers: int = 1, backend: str = "local", address: str | None = None):
+    """The run's engine: the local pool (:class:`Engine`), or Ray (:mod:`lossless_check.ray_backend`)."""
+    if backend == "ray":
+        from .ray_backend import RayEngine
+
+        return RayEngine(workers, address)
+    return Engine(workers)
+
+
 class Engine:
     """Where a run's case tasks execute: this process, or a pool of worker processes started once."""
 

@@ -36,7 +36,7 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
          samples: int = 5_000, alpha: float = 1e-6, seed: int = 0, scenario: str | None = None, workers: int = 1,
          progress: Callable[[int], None] | None = None, sequential: bool = True, batch_size: int | None = None,
          return_result: bool = False, generate_samples: int = 400, repro_dir: str | Path | None = None,
-         resume: bool = False):
+         resume: bool = False, backend: str = "local", address: str | None = None):
     """Run ``generator_spec`` over a warper matrix, write the three reports into ``out_dir``, return the exit code.
 
     ``scenario=None``: the default scenario, plus the matrix's real-world cases in the first mode
@@ -74,7 +74,8 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
     journal = Journal(Path(out_dir) / JOURNAL_NAME, identity, resume)
     try:
         result = run_cases(cases, samples, alpha, seed, workers, progress, sequential=sequential,
-                           batch_size=batch_size, samples_by_mode=by_mode, journal=journal)
+                           batch_size=batch_size, samples_by_mode=by_mode, journal=journal, backend=backend,
+                           address=address)
     except RunInterrupted as stopped:
         write_reports(stopped.partial, out_dir, title=generator_spec)
         raise
