@@ -20,6 +20,7 @@ import numpy as np
 from calibration_checks import NullRound, check_power, rate_check
 from lossless_check import analysis
 from lossless_check.results import CaseResult, decide
+from lossless_check.stats import verdict_test
 
 #: The chance that one check of this module fails a correct implementation.
 CHECK_ERROR_RATE = 1e-4
@@ -133,3 +134,49 @@ def test_coarsening_passes_the_null_check_and_data_dependent_cells_fail_it(monke
     monkeypatch.setattr(analysis, "coarsened", by_observed_counts)
     assert family_null_check(lambda rng: family_rejects([big_vocab_strata(rng)]), runs, seed=2)["fails"]
     assert check_power(runs, ALPHA, CHECK_ERROR_RATE, 0.6) >= 0.9999
+
+
+# --------------------------------------------------------------------------------------------------
+# Bonferroni over positions, Holm across cases
+
+CASES, POSITIONS = 4, 3
+
+
+def exactly_calibrated(rng: np.random.Generator, template) -> Callable:
+    """A stand-in for :func:`~lossless_check.stats.verdict_test` whose p-value is uniform and independent
+    under the null: the least conservative valid test, so that a lost correction shows in the rate."""
+    return lambda strata, alpha, power: dataclasses.replace(template, pvalue=float(rng.random()))
+
+
+def corrections_null_check(monkeypatch, runs: int = 600, seed: int = 3) -> dict:
+    """Family-wise null check of 4 cases of 3 positions each, every position's test exactly calibrated
+    (:func:`exactly_calibrated`): the verdicts go through ``position_tests`` (Bonferroni over positions) and
+    ``decide`` (Holm across cases). Correct wiring: family rate ``1 - (1 - 0.2 / 12)^12 = 0.182``,
+    within 0.2."""
+    by_position = round_strata(np.random.default_rng(0))
+    strata_by_case = [by_position] * CASES
+    template = verdict_test(by_position[0], ALPHA)
+
+    def run_once(rng):
+        monkeypatch.setattr(analysis, "verdict_test", exactly_calibrated(rng, template))
+        return family_rejects(strata_by_case)
+
+    return family_null_check(run_once, runs, seed)
+
+
+def test_bonferroni_and_holm_pass_the_family_null_check_and_dropping_either_fails_it(monkeypatch):
+    """600 runs of the family (4 cases x 3 positions, exactly calibrated position tests, alpha 0.2):
+    the correct wiring's rate is 0.182 and passes (error <= 1e-4). Broken variants, each caught:
+
+    - no Holm (each case's p-value compared with alpha): rate ``1 - (1 - 0.2/3)^12 = 0.56``;
+    - no Bonferroni over positions (a case's p-value is its smallest): rate ``1 - (1 - 0.2/4)^12 = 0.46``.
+
+    The check's power against any rate >= 0.4 is >= 0.9999 (computed below)."""
+    assert not corrections_null_check(monkeypatch)["fails"]
+    assert check_power(600, ALPHA, CHECK_ERROR_RATE, 0.4) >= 0.9999
+    with monkeypatch.context() as patch:
+        patch.setattr("lossless_check.results.holm_correction", lambda p: np.asarray(p, dtype=float))
+        assert corrections_null_check(patch)["fails"]
+    with monkeypatch.context() as patch:
+        patch.setattr(analysis, "bonferroni_min", lambda p: float(min(p)))
+        assert corrections_null_check(patch)["fails"]
