@@ -20,7 +20,6 @@ check can only fail a rate above alpha.
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from calibration_checks import NullRound, check_power, rate_check
 from lossless_check.analysis import strata
@@ -66,11 +65,6 @@ def null_check(pvalues: dict[str, np.ndarray]) -> list[dict]:
     return rows
 
 
-@pytest.fixture(scope="module")
-def pvalues() -> dict[str, np.ndarray]:
-    return null_pvalues(RUNS, seed=24)
-
-
 def test_the_null_rounds_have_random_acceptance_dependent_strata():
     """The data are what the checks claim: the number of rows reaching positions 2 and 3 and the
     stratum sizes vary between rounds, and a row's chance to go on depends on its token."""
@@ -83,25 +77,49 @@ def test_the_null_rounds_have_random_acceptance_dependent_strata():
     assert reach[0] > 0.85 and reach[-1] < 0.25
 
 
-def test_null_rates_of_l1_lr_and_verdict_are_within_alpha(pvalues):
+def test_null_rates_are_within_alpha_and_each_test_miscalibrated_x3_fails():
     """600 null rounds, 3 positions, alpha 0.05 and 0.2: every test's false-failure rate passes the
     one-sided binomial check. False-failure rate of this check: <= 1e-4. Power: a test whose true
-    rate is 3 alpha fails a row with probability >= 0.9999 (0.15 at 0.05, 0.6 at 0.2)."""
+    rate is 3 alpha fails a row with probability >= 0.9999 (0.15 at 0.05, 0.6 at 0.2).
+
+    Then each test made to reject three times as often as alpha allows fails every row of the same
+    check. The broken variant's p-value is ``min(p, U / 3)``, ``U`` uniform and independent: it rejects
+    at ``alpha`` with probability at least ``3 alpha``, at every alpha (the check sees only rejections,
+    so any test with that rate is as detectable). The chance that some of its 18 rows pass is below
+    ``18 * 1e-4``. (One process computes the p-values once for both halves: under pytest-xdist a
+    module fixture would be computed again by each worker.)"""
+    pvalues = null_pvalues(RUNS, seed=24)
     rows = null_check(pvalues)
     assert not [row for row in rows if row["fails"]], rows
     for alpha in ALPHAS:
         assert check_power(RUNS, alpha, LEVEL, 3 * alpha) >= 0.9999
 
-
-def test_the_null_check_fails_each_test_miscalibrated_x3(pvalues):
-    """Each test made to reject three times as often as alpha allows fails every row of the check.
-
-    The broken variant's p-value is ``min(p, U / 3)``, ``U`` uniform and independent: it rejects at
-    ``alpha`` with probability at least ``3 alpha``, at every alpha (the check sees only rejections, so
-    any test with that rate is as detectable). Per row the check misses it with probability below
-    1e-4 (:func:`test_null_rates_of_l1_lr_and_verdict_are_within_alpha`); this test's own chance of
-    failing is below ``18 * 1e-4``."""
     u = np.random.default_rng(3).random((RUNS, ROUND.depth)) / 3
     for name in TESTS:
         rows = null_check({name: np.minimum(pvalues[name], u)})
         assert all(row["fails"] for row in rows), (name, rows)
+
+
+def test_an_l1_tail_bound_three_times_too_small_fails_where_the_bound_is_exact():
+    """A realistic x3 bug: the L1 p-value divided by 3 (a tail bound three times too small). On one
+    stratum of two tokens the ``subsets`` bound is the exact two-sided binomial tail, so there the L1
+    test is nearly exact and the bug shows: with n = 500 draws of the law (0.3, 0.7), every count
+    vector enumerated, the exact false-failure rates are 0.0875 (correct) and 0.262 (broken) at alpha
+    0.1, 0.188 and 0.591 at alpha 0.2. The null check (600 draws, one-sided binomial test of "rate <=
+    alpha" at 1e-4 / 2 per alpha) passes the correct test (error <= 1e-4) and fails the broken one
+    at both alphas (power >= 0.9999 at the exact broken rates, computed below)."""
+    from scipy import stats as sps
+
+    from lossless_check.stats import Stratum, law_test
+
+    n, law, runs, alphas, level = 500, np.array([0.3, 0.7]), 600, (0.1, 0.2), 1e-4 / 2
+    first = np.arange(n + 1)
+    pvalue = np.array([law_test([Stratum(np.array([c, n - c]), law)], 0.1).pvalue for c in first])
+    pmf = sps.binom.pmf(first, n, law[0])
+    draws = np.random.default_rng(7).binomial(n, law[0], size=runs)
+    for alpha in alphas:
+        assert pmf[pvalue <= alpha].sum() <= alpha
+        assert not rate_check(int((pvalue[draws] <= alpha).sum()), runs, alpha, level)["fails"]
+        broken_rate = float(pmf[pvalue / 3 <= alpha].sum())
+        assert broken_rate > 2.5 * alpha and check_power(runs, alpha, level, broken_rate) >= 0.9999
+        assert rate_check(int((pvalue[draws] / 3 <= alpha).sum()), runs, alpha, level)["fails"]

@@ -4,7 +4,6 @@ case runs to the planned sample count; the false-failure rate holds through the 
 import math
 
 import numpy as np
-import pytest
 from scipy.special import logsumexp
 
 from calibration_checks import check_power, rate_check
@@ -58,7 +57,7 @@ def test_sequential_null_false_failure_rate_through_the_real_verifier():
     test of "rejection rate <= 0.1", failing at level 1e-4 (13 or more rejections). A correct
     implementation fails it with probability <= 1e-4; one whose true rate were 5 alpha (0.5) fails it
     with probability 0.992 (``check_power``). The anytime e-value's own calibration, with many more
-    runs and its broken variants, is :func:`test_anytime_evalue_null_rate_and_a_5x_test_is_caught`."""
+    runs and its broken variants, is :func:`test_anytime_evalue_null_rate_a_5x_test_and_broken_combinations_are_caught`."""
     alpha, runs, level = 0.1, 40, 1e-4
     case = Case(resolve_generator("DFlashTokenCandidateGenerator"), {"temperature": 0.6}, scenario=IID)
     rejections = sum(run([case], 50, alpha, seed, sequential=True).cases[0].verdict == "not_lossless"
@@ -92,7 +91,6 @@ ANYTIME_RUNS = 2000
 ANYTIME_LEVEL = 1e-4 / len(ANYTIME_ALPHAS)
 
 
-@pytest.fixture(scope="module")
 def null_evalues() -> list[np.ndarray]:
     """The per-position e-processes and their product (:func:`~lossless_check.analysis.log_evalues`)
     of :data:`ANYTIME_RUNS` null rounds: 50 to 300 trials, four positions reached depending on
@@ -105,7 +103,7 @@ def null_evalues() -> list[np.ndarray]:
                         null_round.vocab) for _ in range(ANYTIME_RUNS)]
 
 
-def anytime_null_check(null_evalues, monkeypatch, combine_for_run=None) -> list[dict]:
+def anytime_null_check(evalues, monkeypatch, combine_for_run=None) -> list[dict]:
     """False-failure rate of the sequential stop rule on null rounds, per case alpha.
 
     Each round's e-processes go to :func:`~lossless_check.analysis.stop_sequentially` at its last look
@@ -120,7 +118,7 @@ def anytime_null_check(null_evalues, monkeypatch, combine_for_run=None) -> list[
 
     rng = np.random.default_rng(6)
     failures = dict.fromkeys(ANYTIME_ALPHAS, 0)
-    for log_e in null_evalues:
+    for log_e in evalues:
         u = rng.random()
         if combine_for_run is not None:
             monkeypatch.setattr(analysis, "combined_log_evalue", combine_for_run(u))
@@ -128,35 +126,37 @@ def anytime_null_check(null_evalues, monkeypatch, combine_for_run=None) -> list[
             result = analysis.stop_sequentially(lambda trials, a: CaseResult("g", "", "step", "s", p_value=1.0),
                                                 log_e, alpha, final=True, exact_failure_seen=False)
             failures[alpha] += result.p_value <= alpha
-    return [rate_check(failures[a], len(null_evalues), a / 2, ANYTIME_LEVEL) for a in ANYTIME_ALPHAS]
+    return [rate_check(failures[a], len(evalues), a / 2, ANYTIME_LEVEL) for a in ANYTIME_ALPHAS]
 
 
-def test_anytime_evalue_null_rate_and_a_5x_test_is_caught(null_evalues, monkeypatch):
+def test_anytime_evalue_null_rate_a_5x_test_and_broken_combinations_are_caught(monkeypatch):
     """The averaged e-process, watched after every trial, rejects null rounds within its alpha share
-    (measured: about half of it). Check error rate <= 1e-4. A sequential test whose false-failure rate
-    is 5x nominal (the e-process also "crosses" on an independent event of probability ``5 alpha / 2``)
-    fails the check: the check's power against that rate is >= 0.9999 at alpha 0.1 (0.25 vs 0.05)."""
-    from lossless_check.analysis import combined_log_evalue
+    (measured: about half of it). Check error rate <= 1e-4. Broken variants, each failing the check:
 
-    rows = anytime_null_check(null_evalues, monkeypatch)
-    assert not any(row["fails"] for row in rows), rows
-    assert check_power(ANYTIME_RUNS, ANYTIME_ALPHAS[0] / 2, ANYTIME_LEVEL, 5 * ANYTIME_ALPHAS[0] / 2) >= 0.9999
+    - a sequential test whose false-failure rate is 5x nominal (the e-process also "crosses" on an
+      independent event of probability ``5 alpha / 2``): the check's power against that rate is
+      >= 0.9999 at alpha 0.1 (0.25 against 0.05);
+    - the e-value rows (one per position, and their product) combined by their maximum, or by their
+      sum (no division by their number), instead of their mean: neither is an e-process; on these
+      rounds they cross ``2 / alpha`` at alpha 0.4 in about 0.35 (maximum) and 0.56 (sum) of null
+      runs against the 0.2 allowed (measured on 3000 other rounds); the check's power against any
+      rate >= 0.3 is >= 0.9999.
 
-    five_x = lambda u: lambda log_e: np.maximum(combined_log_evalue(log_e), np.log(5 / u))
-    broken = anytime_null_check(null_evalues, monkeypatch, five_x)
-    assert all(row["fails"] for row in broken), broken
-
-
-def test_a_broken_evalue_combination_fails_the_null_check(null_evalues, monkeypatch):
-    """The e-value rows (one per position, and their product) must be averaged. The maximum of the rows,
-    or their sum (no division by their number), is not an e-process: on these rounds it crosses
-    ``2 / alpha`` at alpha 0.4 in about 0.35 (maximum) and 0.56 (sum) of null runs against the 0.2
-    allowed (measured on 3000 other rounds), and the check fails both: its power is >= 0.9999 against
-    any rate >= 0.3 (computed below)."""
+    (One test: under pytest-xdist a module fixture would be computed again by each worker.)"""
     from scipy.special import logsumexp as lse
 
-    broken = {"max": lambda u: lambda log_e: log_e.max(axis=0), "sum": lambda u: lambda log_e: lse(log_e, axis=0)}
-    for name, combine in broken.items():
-        rows = anytime_null_check(null_evalues, monkeypatch, combine)
-        assert rows[1]["fails"], (name, rows)
-    assert check_power(ANYTIME_RUNS, 0.2, ANYTIME_LEVEL, 0.3) >= 0.9999
+    from lossless_check.analysis import combined_log_evalue
+
+    evalues = null_evalues()
+    rows = anytime_null_check(evalues, monkeypatch)
+    assert not any(row["fails"] for row in rows), rows
+    assert check_power(ANYTIME_RUNS, ANYTIME_ALPHAS[0] / 2, ANYTIME_LEVEL, 5 * ANYTIME_ALPHAS[0] / 2) >= 0.9999
+    assert check_power(ANYTIME_RUNS, ANYTIME_ALPHAS[1] / 2, ANYTIME_LEVEL, 0.3) >= 0.9999
+
+    five_x = lambda u: lambda log_e: np.maximum(combined_log_evalue(log_e), np.log(5 / u))
+    broken = anytime_null_check(evalues, monkeypatch, five_x)
+    assert all(row["fails"] for row in broken), broken
+    combinations = {"max": lambda u: lambda log_e: log_e.max(axis=0), "sum": lambda u: lambda log_e: lse(log_e, axis=0)}
+    for name, combine in combinations.items():
+        broken = anytime_null_check(evalues, monkeypatch, combine)
+        assert broken[1]["fails"], (name, broken)
