@@ -4,8 +4,9 @@ case runs to the planned sample count; the false-failure rate holds through the 
 import math
 
 import numpy as np
-from scipy import stats as sps
 from scipy.special import logsumexp
+
+from calibration_checks import check_power, rate_check
 
 from lossless_check.adapters import resolve_generator
 from lossless_check.api import run_cases as run
@@ -53,13 +54,17 @@ def test_a_clean_case_runs_to_the_planned_count_and_keeps_the_power_guarantee():
 
 
 def test_sequential_null_false_failure_rate_through_the_real_verifier():
-    """Alpha 0.2 per run, looked at after every trial: the rejection rate stays within 0.2 (the
-    test fails only if the rate's 99.9% lower confidence bound exceeds it)."""
-    alpha, runs = 0.2, 12
+    """Alpha 0.1 per run of 50 trials, looked at after every trial, 40 seeds: one-sided exact binomial
+    test of "rejection rate <= 0.1", failing at level 1e-4 (13 or more rejections). A correct
+    implementation fails it with probability <= 1e-4; one whose true rate were 5 alpha (0.5) fails it
+    with probability 0.992 (``check_power``). The anytime e-value's own calibration, with many more
+    runs and its broken variants, is :func:`test_anytime_evalue_null_rate_a_5x_test_and_broken_combinations_are_caught`."""
+    alpha, runs, level = 0.1, 40, 1e-4
     case = Case(resolve_generator("DFlashTokenCandidateGenerator"), {"temperature": 0.6}, scenario=IID)
-    rejections = sum(run([case], 500, alpha, seed, sequential=True).cases[0].verdict == "not_lossless"
+    rejections = sum(run([case], 50, alpha, seed, sequential=True).cases[0].verdict == "not_lossless"
                      for seed in range(runs))
-    assert sps.binomtest(rejections, runs).proportion_ci(0.999).low <= alpha
+    assert not rate_check(rejections, runs, alpha, level)["fails"], rejections
+    assert check_power(runs, alpha, level, 5 * alpha) >= 0.99
 
 
 def test_sequential_evidence_flags_a_token_outside_the_support():
@@ -75,3 +80,84 @@ def test_sequential_evidence_flags_a_token_outside_the_support():
         log_e, outside = sequential_evidence(rows, 2, lambda prefix: law)
         assert outside is flagged
         assert np.array_equal(log_e, log_evalues(rows, 2, lambda prefix: law))
+
+
+# --------------------------------------------------------------------------------------------------
+# The anytime e-value at the statistics level: many null rounds, cheap (no harness runs)
+
+#: Nominal case alphas of the anytime checks: the e-value gets half, so it may reject in at most
+#: 0.05 and 0.2 of null runs.
+ANYTIME_ALPHAS = (0.1, 0.4)
+ANYTIME_RUNS = 2000
+ANYTIME_LEVEL = 1e-4 / len(ANYTIME_ALPHAS)
+
+
+def null_evalues() -> list[np.ndarray]:
+    """The per-position e-processes and their product (:func:`~lossless_check.analysis.log_evalues`)
+    of :data:`ANYTIME_RUNS` null rounds: 50 to 300 trials, four positions reached depending on
+    acceptance (:class:`calibration_checks.NullRound`)."""
+    from calibration_checks import NullRound
+    from lossless_check.analysis import log_evalues
+
+    null_round, rng = NullRound(depth=4, seed=1), np.random.default_rng(5)
+    return [log_evalues(null_round.draw(rng, int(rng.integers(50, 301))), null_round.depth, null_round.law_of,
+                        null_round.vocab) for _ in range(ANYTIME_RUNS)]
+
+
+def anytime_null_check(evalues, monkeypatch, combine_for_run=None) -> list[dict]:
+    """False-failure rate of the sequential stop rule on null rounds, per case alpha.
+
+    Each round's e-processes go to :func:`~lossless_check.analysis.stop_sequentially` at its last look
+    with a fixed-sample p-value of 1, so the case fails exactly when the averaged e-process
+    (``combined_log_evalue``) crossed ``2 / alpha`` at some trial. A row fails when the one-sided
+    binomial test rejects "rate <= alpha / 2" at :data:`ANYTIME_LEVEL`: probability <= 1e-4 for a
+    correct implementation. ``combine_for_run(u)``, ``u`` uniform and independent per run, gives a
+    replacement ``combined_log_evalue`` (broken variants).
+    """
+    from lossless_check import analysis
+    from lossless_check.results import CaseResult
+
+    rng = np.random.default_rng(6)
+    failures = dict.fromkeys(ANYTIME_ALPHAS, 0)
+    for log_e in evalues:
+        u = rng.random()
+        if combine_for_run is not None:
+            monkeypatch.setattr(analysis, "combined_log_evalue", combine_for_run(u))
+        for alpha in ANYTIME_ALPHAS:
+            result = analysis.stop_sequentially(lambda trials, a: CaseResult("g", "", "step", "s", p_value=1.0),
+                                                log_e, alpha, final=True, exact_failure_seen=False)
+            failures[alpha] += result.p_value <= alpha
+    return [rate_check(failures[a], len(evalues), a / 2, ANYTIME_LEVEL) for a in ANYTIME_ALPHAS]
+
+
+def test_anytime_evalue_null_rate_a_5x_test_and_broken_combinations_are_caught(monkeypatch):
+    """The averaged e-process, watched after every trial, rejects null rounds within its alpha share
+    (measured: about half of it). Check error rate <= 1e-4. Broken variants, each failing the check:
+
+    - a sequential test whose false-failure rate is 5x nominal (the e-process also "crosses" on an
+      independent event of probability ``5 alpha / 2``): the check's power against that rate is
+      >= 0.9999 at alpha 0.1 (0.25 against 0.05);
+    - the e-value rows (one per position, and their product) combined by their maximum, or by their
+      sum (no division by their number), instead of their mean: neither is an e-process; on these
+      rounds they cross ``2 / alpha`` at alpha 0.4 in about 0.35 (maximum) and 0.56 (sum) of null
+      runs against the 0.2 allowed (measured on 3000 other rounds); the check's power against any
+      rate >= 0.3 is >= 0.9999.
+
+    (One test: under pytest-xdist a module fixture would be computed again by each worker.)"""
+    from scipy.special import logsumexp as lse
+
+    from lossless_check.analysis import combined_log_evalue
+
+    evalues = null_evalues()
+    rows = anytime_null_check(evalues, monkeypatch)
+    assert not any(row["fails"] for row in rows), rows
+    assert check_power(ANYTIME_RUNS, ANYTIME_ALPHAS[0] / 2, ANYTIME_LEVEL, 5 * ANYTIME_ALPHAS[0] / 2) >= 0.9999
+    assert check_power(ANYTIME_RUNS, ANYTIME_ALPHAS[1] / 2, ANYTIME_LEVEL, 0.3) >= 0.9999
+
+    five_x = lambda u: lambda log_e: np.maximum(combined_log_evalue(log_e), np.log(5 / u))
+    broken = anytime_null_check(evalues, monkeypatch, five_x)
+    assert all(row["fails"] for row in broken), broken
+    combinations = {"max": lambda u: lambda log_e: log_e.max(axis=0), "sum": lambda u: lambda log_e: lse(log_e, axis=0)}
+    for name, combine in combinations.items():
+        broken = anytime_null_check(evalues, monkeypatch, combine)
+        assert broken[1]["fails"], (name, broken)
