@@ -52,8 +52,12 @@ def verify_once(seed, skip):
     drafter_logits = torch.zeros(1, 1, VOCAB)  # q uniform over the vocabulary
     candidate_input_ids = torch.tensor([[1, 2, DRAFT]])  # prompt [1, 2], one draft
     args = [candidate_input_ids, drafter_logits, 1, target_logits]
-    if "is_done_candidate" in inspect.signature(_speculative_sampling).parameters:  # releases up to 5.17
-        args.append(False)
+    # The required arguments after `new_logits` drift between releases: `is_done_candidate` (up to 5.17),
+    # `last_assistant_token_is_eos` and `max_matches` (the first releases, e.g. 4.37.0).
+    extra = {"is_done_candidate": False, "last_assistant_token_is_eos": False, "max_matches": 1}
+    for name, parameter in list(inspect.signature(_speculative_sampling).parameters.items())[4:]:
+        if parameter.default is inspect.Parameter.empty:
+            args.append(extra[name])
     torch.manual_seed(seed)
     torch.rand(skip)
     state = torch.get_rng_state()
