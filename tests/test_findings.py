@@ -37,6 +37,8 @@ AFFECTED = {
     "prompt_lookup_past_max_length": ("5.0.0", "5.14.0"),
     # `r <= p / q` since _speculative_sampling landed (4.37.0 line 4547, 5.17.0 line 4189, 5.24.0 line 4479)
     "verifier_accepts_zero_probability": ("4.37.0", None),
+    # every DFlash release drafts the whole block (5.15.0 line 1671, 5.18.0 line 1659, 5.24.0 line 1648)
+    "dflash_drafts_past_max_length": ("5.15.0", None),
 }
 
 #: What a script may import: the standard library modules below, torch, transformers and
@@ -130,3 +132,15 @@ def test_verifier_accepts_zero_probability_reproduces(clean_python, tmp_path):
     """Exact, one verifier call at a placed rand() == 0 (about 4 s)."""
     proc = run_repro(clean_python, "verifier_accepts_zero_probability", tmp_path=tmp_path)
     check_exit(proc, 1 if affected("verifier_accepts_zero_probability") else 0)
+
+
+def test_dflash_drafts_past_max_length_reproduces(clean_python, tmp_path):
+    """Exact, 5 generate() calls with a real DFlash drafter (about 1 s after imports)."""
+    proc = run_repro(clean_python, "dflash_drafts_past_max_length", tmp_path=tmp_path)
+    check_exit(proc, 1 if affected("dflash_drafts_past_max_length") else 0)
+
+
+def test_dflash_drafts_past_max_length_control(clean_python, tmp_path):
+    """One draft per block never runs past max_length: exit 0 on every release."""
+    proc = run_repro(clean_python, "dflash_drafts_past_max_length", "--block-size", "2", tmp_path=tmp_path)
+    check_exit(proc, 0)

@@ -13,7 +13,7 @@ sequence has 3 tokens and `max_length` 5 leaves room for 1 draft (the verifier a
 
 The bug (transformers 5.24.0, generation/candidate_generator.py): `get_candidates` computes
 `max_new_tokens = min(block_size, max_length - len - 1)` (line 1587) but uses it only to skip a round
-(line 1588); the block always drafts `block_size - 1` tokens (line 1658 projects every position of
+(line 1588); the block always drafts `block_size - 1` tokens (line 1648 projects every position of
 `last_hidden_state[:, 1:]`). Past `max_length` the drafts still go through the logits processors:
 under `no_repeat_ngram_size=1` every token of a vocabulary of 8 is banned once 8 have been used, the
 drafter's law is NaN, and `torch.multinomial` raises. (The harness's fixed-logits models hit the same
