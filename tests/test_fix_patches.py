@@ -57,11 +57,11 @@ class Fix:
 FIXES = {
     "dflash_drafts_past_max_length": Fix((), dict(
         generator="DFlashTokenCandidateGenerator", warpers="no_repeat_ngram_size=1", mode="generate",
-        scenario="iid8", samples=200), unpatched_verdict="error"),
-    "universal_permuted_q": Fix(("--samples", "500"), dict(
+        scenario="iid8", samples=150), unpatched_verdict="error"),
+    "universal_permuted_q": Fix(("--samples", "300"), dict(
         generator="UniversalSpeculativeDecodingGenerator", warpers="none", mode="step",
         scenario="iid32-fast-tokenizers", samples=400)),
-    "single_position_greedy_q": Fix(("--samples", "500"), dict(
+    "single_position_greedy_q": Fix(("--samples", "300"), dict(
         generator="SinglePositionMultiTokenCandidateGenerator", warpers="none", mode="step",
         scenario="iid8", samples=400)),
     # The harness's check of the verifier is `lossless-check verifier`, not `run`: judged by the repro only.
