@@ -16,7 +16,8 @@ import pytest
 
 from lossless_check.api import cases_for
 from lossless_check.cli import main
-from lossless_check.repro import SUPPORTED, script_for, write_repro
+from lossless_check.adapters import ADAPTERS
+from lossless_check.repro import SUPPORTED, UNSUPPORTED_FAMILIES, script_for, write_repro
 from test_findings import ALLOWED_IMPORTS, FINDINGS, imported_modules
 
 UNIVERSAL = "UniversalSpeculativeDecodingGenerator"
@@ -74,6 +75,20 @@ def test_repro_command_writes_a_script_and_refuses_what_it_cannot_build(tmp_path
     assert not (tmp_path / "m.py").exists()
     assert main(["repro", "--generator", UNIVERSAL, "--scenario", "bpe-fast-tokenizers", "--out", str(out)]) == 2
     assert "builds word-level tokenizers" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("family", sorted(UNSUPPORTED_FAMILIES))
+def test_repro_names_why_it_cannot_build_a_family(tmp_path, capsys, family):
+    """Each built-in family the script cannot build gets its own reason, on one line, exit 2."""
+    if family not in ADAPTERS or ADAPTERS[family].installed_class() is None:
+        pytest.skip(f"{family} is not in the installed transformers")
+    assert main(["repro", "--generator", family, "--out", str(tmp_path / "x.py")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and UNSUPPORTED_FAMILIES[family] in err, err
+
+
+def test_every_builtin_family_is_built_or_has_a_reason():
+    assert set(ADAPTERS) == set(SUPPORTED) | set(UNSUPPORTED_FAMILIES)
 
 
 def test_run_writes_a_script_for_each_failing_case(tmp_path, capsys):
