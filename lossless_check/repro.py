@@ -16,8 +16,9 @@ from .errors import UsageError
 from .results import Case, CaseResult
 
 #: Families whose models the script builds inline (fixed-logits target and drafter, tokenizers).
-SUPPORTED = ("AssistedCandidateGenerator", "PromptLookupCandidateGenerator",  # then the two-tokenizer families
-             "UniversalSpeculativeDecodingGenerator", "AssistedCandidateGeneratorDifferentTokenizers")
+TWO_TOKENIZER_FAMILIES = ("UniversalSpeculativeDecodingGenerator", "AssistedCandidateGeneratorDifferentTokenizers")
+SUPPORTED = ("AssistedCandidateGenerator", "PromptLookupCandidateGenerator", *TWO_TOKENIZER_FAMILIES,
+             "DFlashTokenCandidateGenerator")
 #: Why the script cannot build each other family: what ``generate()`` needs to pick it, which the
 #: script's fixed-logits models (one table, no layers, no hidden states) do not have.
 UNSUPPORTED_FAMILIES = {
@@ -28,9 +29,6 @@ UNSUPPORTED_FAMILIES = {
                                                   "findings/single_position_greedy_q/repro.py)",
     "MTPCandidateGenerator": "it drafts with MTP layers that generate() loads from the target's checkpoint "
                              "(use_mtp=True, MtpModel.from_pretrained), and the script's table model has none",
-    "DFlashTokenCandidateGenerator": "it drafts from the target's intermediate hidden states with a block drafter "
-                                     "(speculation_type='dflash'), and the script's table model returns none "
-                                     "(hand-written with a tiny DFlash drafter: findings/dflash_drafts_past_max_length)",
 }
 #: The tokenizer kinds the script builds (its ``--tokenizers`` choices).
 WORD_LEVEL_TOKENIZERS = ("stub", "fast", "id-ordered")
@@ -50,7 +48,9 @@ def repro_unsupported(case: Case) -> str | None:
         return f"no standalone builder for {generator.adapter.name}: {why}; reproduce with lossless-check"
     if not hasattr(case.scenario, "drafter"):
         return f"the {case.scenario.name} scenario is not a fixed-logits one"
-    two_tokenizers = generator.adapter.name in SUPPORTED[2:]
+    if generator.adapter.name == "DFlashTokenCandidateGenerator" and case.scenario.drafter.kind == "markov":
+        return "DFlash drafts a whole block in one pass: the script's block drafter reads iid or per_position tables"
+    two_tokenizers = generator.adapter.name in TWO_TOKENIZER_FAMILIES
     if two_tokenizers and case.scenario.tokenizers not in WORD_LEVEL_TOKENIZERS:
         return f"the script builds word-level tokenizers; the {case.scenario.name} scenario's are {case.scenario.tokenizers}"
     return None

@@ -13,6 +13,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import transformers
+from packaging.version import Version
 
 from lossless_check.api import cases_for
 from lossless_check.cli import main
@@ -21,6 +23,8 @@ from lossless_check.repro import SUPPORTED, UNSUPPORTED_FAMILIES, script_for, wr
 from test_findings import ALLOWED_IMPORTS, FINDINGS, imported_modules
 
 UNIVERSAL = "UniversalSpeculativeDecodingGenerator"
+DFLASH = "DFlashTokenCandidateGenerator"
+RELEASE = Version(transformers.__version__)
 
 
 def run_script(python, script: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -52,10 +56,13 @@ def test_universal_with_fast_tokenizers_reproduces_and_its_controls_do_not(clean
     ("AssistedCandidateGenerator", "top_k=3,min_new_tokens=2,eos_token_id=5"),
     ("PromptLookupCandidateGenerator", "repetition_penalty=2.0"),
     ("AssistedCandidateGeneratorDifferentTokenizers", "none"),
+    pytest.param(DFLASH, "top_k=3", marks=pytest.mark.skipif(
+        RELEASE < Version("5.15.1"), reason="DFlash is absent before 5.15.0, and 5.15.0's is not lossless under top_k")),
 ])
 def test_lossless_generators_exit_0(clean_python, tmp_path, generator, warpers):
     """Negative controls of the script's own checks: history-dependent and EOS warpers (the reference
-    forced along each prefix must keep min_new_tokens and the penalty), prompt lookup, greedy."""
+    forced along each prefix must keep min_new_tokens and the penalty), prompt lookup, greedy, a block
+    drafter (DFlash)."""
     script = repro(tmp_path, generator, warpers, samples=300)
     check_exit(run_script(clean_python, script, cwd=tmp_path), 0)
 
@@ -105,7 +112,19 @@ GENERATED_FINDINGS = {
     "universal_permuted_q/generated_repro.py": ["--generator", UNIVERSAL, "--scenario", "iid32-fast-tokenizers"],
     "prompt_lookup_past_max_length/repro.py": ["--generator", "PromptLookupCandidateGenerator", "--warpers", "none",
                                                "--samples", "3000"],
+    "dflash_drafts_past_max_length/generated_repro.py": ["--generator", DFLASH, "--warpers", "no_repeat_ngram_size=1",
+                                                         "--scenario", "iid8"],
 }
+
+
+@pytest.mark.skipif(RELEASE < Version("5.18.0"), reason="the harness's DFlash error past max_length is on 5.18+ "
+                                                        "(5.17.0 measured: no error; 5.15.0 fails for its own q bug)")
+def test_dflash_script_raises_past_max_length(clean_python, tmp_path):
+    """The harness's DFlash error as a script: 5.24.0, generate() raises within about 20 calls."""
+    script = FINDINGS / "dflash_drafts_past_max_length/generated_repro.py"
+    proc = run_script(clean_python, script, "--samples", "300", cwd=tmp_path)
+    check_exit(proc, 1)
+    assert "generate() raised RuntimeError" in proc.stdout
 
 
 @pytest.mark.parametrize("path", sorted(GENERATED_FINDINGS))
