@@ -16,11 +16,20 @@ from .errors import UsageError
 from .results import Case, CaseResult
 
 #: Families whose models the script builds inline (fixed-logits target and drafter, tokenizers).
-#: The others draft with the harness's own stub architectures (an early-exit stack, MTP layers
-#: loaded from a checkpoint, a DFlash block drafter, a Gemma4-named assistant): their reproductions
-#: stay hand-written (findings/single_position_greedy_q) or go through the reproduce line.
-SUPPORTED = ("AssistedCandidateGenerator", "PromptLookupCandidateGenerator",  # then the two-tokenizer families
-             "UniversalSpeculativeDecodingGenerator", "AssistedCandidateGeneratorDifferentTokenizers")
+TWO_TOKENIZER_FAMILIES = ("UniversalSpeculativeDecodingGenerator", "AssistedCandidateGeneratorDifferentTokenizers")
+SUPPORTED = ("AssistedCandidateGenerator", "PromptLookupCandidateGenerator", *TWO_TOKENIZER_FAMILIES,
+             "DFlashTokenCandidateGenerator")
+#: Why the script cannot build each other family: what ``generate()`` needs to pick it, which the
+#: script's fixed-logits models (one table, no layers, no hidden states) do not have.
+UNSUPPORTED_FAMILIES = {
+    "EarlyExitCandidateGenerator": "it drafts with the target's own first layers (assistant_early_exit), and the "
+                                   "script's table model has no layers to exit early from",
+    "SinglePositionMultiTokenCandidateGenerator": "generate() builds it only for a Gemma4 assistant on a target "
+                                                  "returning shared_kv_states (hand-written with tiny Gemma 4 models: "
+                                                  "findings/single_position_greedy_q/repro.py)",
+    "MTPCandidateGenerator": "it drafts with MTP layers that generate() loads from the target's checkpoint "
+                             "(use_mtp=True, MtpModel.from_pretrained), and the script's table model has none",
+}
 #: The tokenizer kinds the script builds (its ``--tokenizers`` choices).
 WORD_LEVEL_TOKENIZERS = ("stub", "fast", "id-ordered")
 #: The script template (never imported: its placeholders are filled in as text).
@@ -35,11 +44,13 @@ def repro_unsupported(case: Case) -> str | None:
     if ":" in generator.spec:
         return f"{generator.display_name} is a user generator: a standalone script reproduces built-in generators"
     if generator.adapter.name not in SUPPORTED:
-        return (f"no standalone builder for {generator.adapter.name} (it drafts with the harness's own stub "
-                f"architecture); reproduce with lossless-check")
+        why = UNSUPPORTED_FAMILIES.get(generator.adapter.name, "the script has no builder for it")
+        return f"no standalone builder for {generator.adapter.name}: {why}; reproduce with lossless-check"
     if not hasattr(case.scenario, "drafter"):
         return f"the {case.scenario.name} scenario is not a fixed-logits one"
-    two_tokenizers = generator.adapter.name in SUPPORTED[2:]
+    if generator.adapter.name == "DFlashTokenCandidateGenerator" and case.scenario.drafter.kind == "markov":
+        return "DFlash drafts a whole block in one pass: the script's block drafter reads iid or per_position tables"
+    two_tokenizers = generator.adapter.name in TWO_TOKENIZER_FAMILIES
     if two_tokenizers and case.scenario.tokenizers not in WORD_LEVEL_TOKENIZERS:
         return f"the script builds word-level tokenizers; the {case.scenario.name} scenario's are {case.scenario.tokenizers}"
     return None

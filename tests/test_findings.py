@@ -35,11 +35,15 @@ AFFECTED = {
     "single_position_greedy_q": ("5.8.0", None),  # the generator appeared in 5.8.0
     # 5.0-5.12 crash first (no EOS token: torch.isin(chosen_ids, None)), 5.13 overshoots; 5.14 crops
     "prompt_lookup_past_max_length": ("5.0.0", "5.14.0"),
+    # `r <= p / q` since _speculative_sampling landed (4.37.0 line 4547, 5.17.0 line 4189, 5.24.0 line 4479)
+    "verifier_accepts_zero_probability": ("4.37.0", None),
+    # every DFlash release drafts the whole block (5.15.0 line 1671, 5.18.0 line 1659, 5.24.0 line 1648)
+    "dflash_drafts_past_max_length": ("5.15.0", None),
 }
 
 #: What a script may import: the standard library modules below, torch, transformers and
 #: tokenizers (a dependency of transformers).
-ALLOWED_IMPORTS = {"argparse", "math", "sys", "time", "torch", "transformers", "tokenizers"}
+ALLOWED_IMPORTS = {"argparse", "inspect", "math", "sys", "time", "torch", "transformers", "tokenizers"}
 
 INSTALLED = Version(transformers.__version__).release[:3]
 
@@ -49,9 +53,12 @@ def affected(finding: str) -> bool:
     return Version(first).release <= INSTALLED and (fixed is None or INSTALLED < Version(fixed).release)
 
 
-def run_repro(python, finding: str, *args: str, tmp_path: Path) -> subprocess.CompletedProcess:
+def run_repro(python, finding: str, *args: str, tmp_path: Path, pythonpath: str | None = None) -> subprocess.CompletedProcess:
+    """Run ``findings/<finding>/repro.py`` with ``python``; ``pythonpath`` (e.g. a patched transformers) goes first."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("PYTHONPATH", None)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
     return subprocess.run([str(python), str(FINDINGS / finding / "repro.py"), *args], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
 
@@ -119,3 +126,21 @@ def test_prompt_lookup_past_max_length_reproduces(clean_python, tmp_path):
     """Generated script: an exact stopping check, 3000 calls at most (about 10 s when lossless)."""
     proc = run_repro(clean_python, "prompt_lookup_past_max_length", tmp_path=tmp_path)
     check_exit(proc, 1 if affected("prompt_lookup_past_max_length") else 0)
+
+
+def test_verifier_accepts_zero_probability_reproduces(clean_python, tmp_path):
+    """Exact, one verifier call at a placed rand() == 0 (about 4 s)."""
+    proc = run_repro(clean_python, "verifier_accepts_zero_probability", tmp_path=tmp_path)
+    check_exit(proc, 1 if affected("verifier_accepts_zero_probability") else 0)
+
+
+def test_dflash_drafts_past_max_length_reproduces(clean_python, tmp_path):
+    """Exact, 5 generate() calls with a real DFlash drafter (about 1 s after imports)."""
+    proc = run_repro(clean_python, "dflash_drafts_past_max_length", tmp_path=tmp_path)
+    check_exit(proc, 1 if affected("dflash_drafts_past_max_length") else 0)
+
+
+def test_dflash_drafts_past_max_length_control(clean_python, tmp_path):
+    """One draft per block never runs past max_length: exit 0 on every release."""
+    proc = run_repro(clean_python, "dflash_drafts_past_max_length", "--block-size", "2", tmp_path=tmp_path)
+    check_exit(proc, 0)

@@ -13,13 +13,18 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import transformers
+from packaging.version import Version
 
 from lossless_check.api import cases_for
 from lossless_check.cli import main
-from lossless_check.repro import SUPPORTED, script_for, write_repro
+from lossless_check.adapters import ADAPTERS
+from lossless_check.repro import SUPPORTED, UNSUPPORTED_FAMILIES, script_for, write_repro
 from test_findings import ALLOWED_IMPORTS, FINDINGS, imported_modules
 
 UNIVERSAL = "UniversalSpeculativeDecodingGenerator"
+DFLASH = "DFlashTokenCandidateGenerator"
+RELEASE = Version(transformers.__version__)
 
 
 def run_script(python, script: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -51,10 +56,13 @@ def test_universal_with_fast_tokenizers_reproduces_and_its_controls_do_not(clean
     ("AssistedCandidateGenerator", "top_k=3,min_new_tokens=2,eos_token_id=5"),
     ("PromptLookupCandidateGenerator", "repetition_penalty=2.0"),
     ("AssistedCandidateGeneratorDifferentTokenizers", "none"),
+    pytest.param(DFLASH, "top_k=3", marks=pytest.mark.skipif(
+        RELEASE < Version("5.15.1"), reason="DFlash is absent before 5.15.0, and 5.15.0's is not lossless under top_k")),
 ])
 def test_lossless_generators_exit_0(clean_python, tmp_path, generator, warpers):
     """Negative controls of the script's own checks: history-dependent and EOS warpers (the reference
-    forced along each prefix must keep min_new_tokens and the penalty), prompt lookup, greedy."""
+    forced along each prefix must keep min_new_tokens and the penalty), prompt lookup, greedy, a block
+    drafter (DFlash)."""
     script = repro(tmp_path, generator, warpers, samples=300)
     check_exit(run_script(clean_python, script, cwd=tmp_path), 0)
 
@@ -76,6 +84,20 @@ def test_repro_command_writes_a_script_and_refuses_what_it_cannot_build(tmp_path
     assert "builds word-level tokenizers" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("family", sorted(UNSUPPORTED_FAMILIES))
+def test_repro_names_why_it_cannot_build_a_family(tmp_path, capsys, family):
+    """Each built-in family the script cannot build gets its own reason, on one line, exit 2."""
+    if family not in ADAPTERS or ADAPTERS[family].installed_class() is None:
+        pytest.skip(f"{family} is not in the installed transformers")
+    assert main(["repro", "--generator", family, "--out", str(tmp_path / "x.py")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and UNSUPPORTED_FAMILIES[family] in err, err
+
+
+def test_every_builtin_family_is_built_or_has_a_reason():
+    assert set(ADAPTERS) == set(SUPPORTED) | set(UNSUPPORTED_FAMILIES)
+
+
 def test_run_writes_a_script_for_each_failing_case(tmp_path, capsys):
     code = main(["run", "--generator", UNIVERSAL, "--generator", "AssistedCandidateGenerator", "--warpers", "none",
                  "--samples", "300", "--quiet", "--repro", str(tmp_path)])
@@ -90,7 +112,19 @@ GENERATED_FINDINGS = {
     "universal_permuted_q/generated_repro.py": ["--generator", UNIVERSAL, "--scenario", "iid32-fast-tokenizers"],
     "prompt_lookup_past_max_length/repro.py": ["--generator", "PromptLookupCandidateGenerator", "--warpers", "none",
                                                "--samples", "3000"],
+    "dflash_drafts_past_max_length/generated_repro.py": ["--generator", DFLASH, "--warpers", "no_repeat_ngram_size=1",
+                                                         "--scenario", "iid8"],
 }
+
+
+@pytest.mark.skipif(RELEASE < Version("5.18.0"), reason="the harness's DFlash error past max_length is on 5.18+ "
+                                                        "(5.17.0 measured: no error; 5.15.0 fails for its own q bug)")
+def test_dflash_script_raises_past_max_length(clean_python, tmp_path):
+    """The harness's DFlash error as a script: 5.24.0, generate() raises within about 20 calls."""
+    script = FINDINGS / "dflash_drafts_past_max_length/generated_repro.py"
+    proc = run_script(clean_python, script, "--samples", "300", cwd=tmp_path)
+    check_exit(proc, 1)
+    assert "generate() raised RuntimeError" in proc.stdout
 
 
 @pytest.mark.parametrize("path", sorted(GENERATED_FINDINGS))

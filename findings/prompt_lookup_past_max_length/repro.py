@@ -9,7 +9,8 @@ where the generator needs two, are built in memory with the `tokenizers` library
 
 What runs: `target.generate(prompt, do_sample=True, max_new_tokens=K, **warpers, **route)` (at most 3,000)
 times, where `route` is what makes the installed `generate()` build the generator under test itself
-(an `assistant_model`, `prompt_lookup_num_tokens`, two tokenizers). Nothing of transformers is
+(an `assistant_model`, `prompt_lookup_num_tokens`, two tokenizers, `speculation_type="dflash"` with a
+block drafter over the drafter table). Nothing of transformers is
 patched.
 
 Reference: plain sampling with the same warpers (greedy decoding where the generator is built for
@@ -39,7 +40,7 @@ import transformers
 from torch import nn
 from transformers import GenerationMixin, LogitsProcessor, LogitsProcessorList, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import DynamicCache
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 #: The case (written by lossless-check; edit freely).
 CASE = {
@@ -145,11 +146,45 @@ class TableLM(PreTrainedModel, GenerationMixin):
             index = (predicted - self.config.prompt_length).clamp(0, self.rows.shape[0] - 1)
         else:
             index = history[:, past: past + new]
-        logits = self.get_output_embeddings()(self.rows[index])
-        if logits_to_keep:
-            logits = logits[:, -logits_to_keep:]
-        field = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
-        return CausalLMOutputWithPast(logits=logits, **{field: cache if use_cache is not False else None})
+        full = self.get_output_embeddings()(self.rows[index])
+        logits = full[:, -logits_to_keep:] if logits_to_keep else full
+        # DFlash hands the target's hidden states, at every position, to its drafter (any values do: the table drafts).
+        hidden = (full, full) if kwargs.get("output_hidden_states") else None
+        return CausalLMOutputWithPast(logits=logits, hidden_states=hidden,
+                                      **cache_field(CausalLMOutputWithPast, cache if use_cache is not False else None))
+
+
+def cache_field(output_class, cache):
+    """``{name: cache}`` under the name ``output_class`` gives its cache (``cache`` from 5.24)."""
+    return {"cache" if "cache" in output_class.__dataclass_fields__ else "past_key_values": cache}
+
+
+class TableDFlashDrafter(PreTrainedModel):
+    """DFlash block drafter over an iid or per_position table: the hidden state at noise position ``a + i``
+    is the table row for the token at ``a + i``, which the target's identity lm_head turns into logits."""
+
+    config_class = TableConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        dtype = getattr(torch, config.table_dtype)
+        self.register_buffer("rows", torch.tensor(config.rows, dtype=torch.float64).to(dtype), persistent=False)
+        self.anchor = nn.Parameter(torch.zeros(1, dtype=dtype), requires_grad=False)  # device and dtype
+        self.post_init()
+
+    def _init_weights(self, module):  # fixed by construction
+        pass
+
+    def forward(self, noise_embeds, context_hidden_states, position_ids, attention_mask=None, past_key_values=None,
+                cache=None, **kwargs):
+        cache = past_key_values if past_key_values is not None else cache
+        batch, block = noise_embeds.shape[:2]
+        if cache is not None:  # a real drafter caches the context and the block; the generator crops the block
+            states = torch.zeros(batch, 1, context_hidden_states.shape[1] + block, 1)
+            cache.update(states, states, 0)
+        index = (position_ids[:, -block:] - self.config.prompt_length).clamp(0, self.rows.shape[0] - 1)
+        hidden = self.rows[index].expand(batch, -1, -1).clone()
+        return BaseModelOutputWithPast(last_hidden_state=hidden, **cache_field(BaseModelOutputWithPast, cache))
 
 
 def table_lm(table, prompt_length, rows=None, **generation):
@@ -234,6 +269,11 @@ def build(case):
         # generate() builds the Universal generator for do_sample=True, the other for greedy decoding.
         greedy = family == "AssistedCandidateGeneratorDifferentTokenizers"
         return target, kwargs, greedy
+    if family == "DFlashTokenCandidateGenerator":
+        config = TableConfig(len(drafter["rows"][0]), drafter["kind"], drafter["rows"], prompt_length,
+                             drafter.get("dtype", "float32"))
+        config.target_layer_ids, config.block_size, config.mask_token_id = [0], gamma + 1, 0
+        return target, {"assistant_model": TableDFlashDrafter(config).eval(), "speculation_type": "dflash"}, False
     raise SystemExit(f"no builder for {family}")
 
 

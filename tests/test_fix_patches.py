@@ -1,0 +1,148 @@
+"""Each finding's ``fix.patch``, judged on a patched copy of the installed transformers.
+
+For every ``findings/<name>/fix.patch``: the installed ``transformers`` package is copied into a
+temporary directory (one copy per patch, about 1-2 s: a module-scoped fixture) and the patch is
+applied there with ``patch -p1``, the way ``patch -p1 -d SITE_PACKAGES`` applies it to an install.
+With that copy first on ``PYTHONPATH``:
+
+- (a) the finding's ``repro.py`` exits 0, in the fresh virtual environment of ``clean_python``
+  (``tests/test_findings.py`` checks that it exits 1 on the unpatched install);
+- (b) the harness's own run of the affected generator, ``lossless-check run ...`` with this
+  worktree on the path, exits 0 (every case ``lossless``); the same run on the unpatched install
+  exits 1, so the run's sample count is one at which the bug is caught.
+
+The patches are written against 5.24.0. On another installed release a patch that does not apply
+is skipped with its reason; on 5.24.0 it must apply. A lossless run exits 1 with probability at most
+its alpha (1e-6, the scripts' and the CLI's default), so these tests fail falsely at most that often.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import transformers
+
+from test_findings import FINDINGS, affected, check_exit, run_repro
+
+ROOT = Path(__file__).resolve().parents[1]
+#: The directory ``patch -p1 -d`` applies the patches in: the one holding the ``transformers`` package.
+SITE = Path(transformers.__file__).resolve().parents[1]
+#: The release the patches are written against: there they must apply.
+PATCHED_RELEASE = "5.24.0"
+
+
+@dataclass(frozen=True)
+class Fix:
+    """How a fix is judged: arguments of the finding's repro.py, the harness's run of its generator
+    (keywords of ``lossless_check.check``, which ``lossless-check run`` takes as options; None: no run), and
+    that run's verdict on the unpatched release."""
+
+    repro_args: tuple[str, ...]
+    harness: dict | None
+    unpatched_verdict: str = "not_lossless"
+
+    def cli_args(self) -> list[str]:
+        return [arg for key, value in self.harness.items() for arg in (f"--{key}", str(value))]
+
+
+#: finding -> how its fix.patch is judged. The harness runs stop at their first rejection: on
+#: 5.24.0 unpatched, Universal after 156 trials, SinglePosition after 66 (a patched run takes all 400);
+#: DFlash's generate() raises in its first call there (verdict error).
+FIXES = {
+    "dflash_drafts_past_max_length": Fix((), dict(
+        generator="DFlashTokenCandidateGenerator", warpers="no_repeat_ngram_size=1", mode="generate",
+        scenario="iid8", samples=150), unpatched_verdict="error"),
+    "universal_permuted_q": Fix(("--samples", "300"), dict(
+        generator="UniversalSpeculativeDecodingGenerator", warpers="none", mode="step",
+        scenario="iid32-fast-tokenizers", samples=400)),
+    "single_position_greedy_q": Fix(("--samples", "300"), dict(
+        generator="SinglePositionMultiTokenCandidateGenerator", warpers="none", mode="step",
+        scenario="iid8", samples=400)),
+    # The harness's check of the verifier is `lossless-check verifier`, not `run`: judged by the repro only.
+    "verifier_accepts_zero_probability": Fix((), None),
+}
+
+
+def patch_command(patch: Path, root: Path, *options: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["patch", "-p1", "--forward", "--batch", *options, "-d", str(root), "-i", str(patch)],
+                          capture_output=True, text=True)
+
+
+def skip_unless_applies(finding: str) -> Path:
+    """The finding's fix.patch; skips where it does not apply to the installed release (never on 5.24.0)."""
+    patch = FINDINGS / finding / "fix.patch"
+    if shutil.which("patch") is None:
+        pytest.skip("the `patch` program is not installed")
+    dry = patch_command(patch, SITE, "--dry-run")
+    if dry.returncode != 0:
+        assert transformers.__version__ != PATCHED_RELEASE, f"{patch} does not apply to {SITE}:\n{dry.stdout}"
+        pytest.skip(f"{finding}/fix.patch is written against {PATCHED_RELEASE}; it does not apply to the installed "
+                    f"{transformers.__version__}: {dry.stdout.strip().splitlines()[-1]}")
+    return patch
+
+
+def test_every_fix_patch_is_judged():
+    """A new fix.patch cannot go untested: every one in findings/ is in FIXES."""
+    assert {p.parent.name for p in FINDINGS.glob("*/fix.patch")} == set(FIXES)
+
+
+@pytest.fixture(scope="module", params=sorted(FIXES))
+def patched(request, tmp_path_factory):
+    """(finding, directory holding the patched copy of the installed transformers package)."""
+    finding = request.param
+    patch = skip_unless_applies(finding)
+    root = tmp_path_factory.mktemp(f"patched-{finding}")
+    shutil.copytree(SITE / "transformers", root / "transformers", symlinks=True)
+    applied = patch_command(patch, root)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    return finding, root
+
+
+def imported_from(python, pythonpath: str) -> Path:
+    """Where ``python`` imports transformers from with ``pythonpath`` (found, not imported: fast)."""
+    env = dict(os.environ, PYTHONPATH=pythonpath)
+    probe = "import importlib.util as u; print(u.find_spec('transformers').origin)"
+    out = subprocess.run([str(python), "-c", probe], env=env, capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip()).resolve()
+
+
+@pytest.mark.slow
+def test_patched_repro_is_lossless(patched, clean_python, tmp_path):
+    """(a): the reproduction, run on the patched copy, exits 0."""
+    finding, root = patched
+    assert imported_from(clean_python, str(root)).is_relative_to(root)
+    proc = run_repro(clean_python, finding, *FIXES[finding].repro_args, tmp_path=tmp_path, pythonpath=str(root))
+    check_exit(proc, 0)
+
+
+@pytest.mark.slow
+def test_harness_judges_patched_generator_lossless(patched, tmp_path):
+    """(b): the harness's own run of the affected generator, ``lossless-check run``, on the patched copy exits 0."""
+    finding, root = patched
+    fix = FIXES[finding]
+    if fix.harness is None:
+        pytest.skip(f"{finding}: the harness checks the verifier with `lossless-check verifier`, not `run`")
+    pythonpath = os.pathsep.join((str(root), str(ROOT)))  # the patched transformers, then this worktree
+    assert imported_from(sys.executable, pythonpath).is_relative_to(root)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=pythonpath)
+    proc = subprocess.run([sys.executable, "-m", "lossless_check.cli", "run", *fix.cli_args(), "--quiet"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("finding", sorted(f for f, fix in FIXES.items() if fix.harness is not None))
+def test_harness_flags_unpatched_generator(finding):
+    """The negative control of (b): the same run on the installed (unpatched) release is not lossless (or errs)
+    where the bug is (in-process, through the Python API the CLI calls: no second import of torch and transformers)."""
+    import lossless_check as lc
+
+    fix = FIXES[finding]
+    result = lc.check(**fix.harness)
+    assert result.verdict == (fix.unpatched_verdict if affected(finding) else "lossless"), result.explain()
