@@ -18,7 +18,8 @@ from typing import Any, Callable, Iterable
 
 from .engine import CHUNK_TIMEOUT, Engine
 from .errors import UsageError
-from .modes import MODES, STATISTICAL_MODES, run_case
+from .informativeness import attach_plan, evidence_plan
+from .modes import MODES, STATISTICAL_MODES, run_case, skip_reason
 from .results import Case, CaseResult, RunResult, decide
 
 #: Trials per case: position 1 then detects a TV of about 0.07 (vocabulary 8, family alpha 1e-6).
@@ -41,13 +42,19 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
     """
     _check_processors(cases)
     statistical = [c.mode in STATISTICAL_MODES for c in cases]
-    alpha_case = alpha / max(1, sum(statistical))
+    informative = evidence_plan(cases)
+    # Alpha is split over the cases that can produce evidence: not a case known to be skipped, nor one
+    # vacuous by the exact laws (it still runs, for its exact checks; decide() gives it no share).
+    alpha_case = alpha / max(1, sum(s and i != [] and skip_reason(c) is None
+                                    for c, s, i in zip(cases, statistical, informative)))
     tasks = [replace(c, mode="step") if c.mode == "all" else c for c in cases]
     with Engine(workers) as engine:
         planned = [(samples_by_mode or {}).get(t.mode, samples) for t in tasks]
         results = engine.map(run_case, [(t, n, seed, alpha_case, sequential, timeout, batch_size)
                                         for t, n in zip(tasks, planned)], progress,
                              cost=[_work_estimate(t, n) for t, n in zip(tasks, planned)])
+    for case, result, positions in zip(tasks, results, informative):
+        attach_plan(result, case, positions)
     decide([r for r, s in zip(results, statistical) if s], alpha)
     for case, task, result in zip(cases, tasks, results):
         if case.mode == "all":

@@ -17,6 +17,19 @@ MODES = ("step", "provenance", "generate", "all")
 STATISTICAL_MODES = ("step", "generate", "all")
 
 
+def skip_reason(case: Case) -> str | None:
+    """Why a case of any mode is skipped before it runs (``None``: it runs)."""
+    if case.mode in ("step", "all"):
+        from .step import skip_reason as step_skip
+
+        return step_skip(case)
+    if case.mode == "generate":
+        from .generate import skip_reason as generate_skip
+
+        return generate_skip(case)
+    return None
+
+
 def run_case(case: Case, samples: int, seed: int, alpha_case: float, sequential: bool = True,
              timeout: float = 600.0, batch_size: int | None = None) -> CaseResult:
     """Run and analyse one case of any mode at ``alpha_case`` (the verdict is re-decided across a run).
