@@ -161,3 +161,15 @@ def attach_plan(result, case, positions: list[int] | None) -> None:
     plan never looked at, so it has no plan (no vacuity claim from the laws)."""
     horizon = case.max_new_tokens if case.mode == "generate" else getattr(case.scenario, "gamma", 0) + 1
     result.law_informative_positions = positions if len(result.positions) <= horizon else None
+
+
+def pair_coverage(stacks: list[dict], options: list[str], scenario) -> tuple[int, int]:
+    """``(covered, total)``: pairs of ``options`` that some stack holding both tests informatively on
+    ``scenario`` (:func:`reference_informative_positions` not empty), and all pairs."""
+    covered: set[frozenset] = set()
+    for stack in stacks:
+        present = [o for o in options if o in stack]
+        pairs = {frozenset((a, b)) for i, a in enumerate(present) for b in present[i + 1:]} - covered
+        if pairs and reference_informative_positions(scenario, stack):
+            covered |= pairs
+    return len(covered), len(options) * (len(options) - 1) // 2
