@@ -126,18 +126,25 @@ def _cases(args):
 def samples_to_detect(cases, tv: float, alpha: float, max_new_tokens: int = 4, sequential: bool = False) -> int:
     """Samples per case so that each statistical case detects ``tv`` at position 1 with power 0.99.
 
+    The run's alpha is split over the cases that can give evidence (not skipped, not vacuous by the
+    exact laws), as :func:`~lossless_check.api.run_cases` splits it.
+
     A sequential run gives its fixed-sample test half of each case's alpha (the anytime test has the
     other half), and a clean case stops exactly there; step mode gives the two-sample test between
     its batch arms :data:`~lossless_check.analysis.TWO_SAMPLE_SHARE` of the rest.
     """
     from .analysis import TWO_SAMPLE_SHARE, tested_cells
+    from .informativeness import evidence_plan
+    from .modes import skip_reason
     from .results import POWER
     from .stats import verdict_samples_for_tv
 
     statistical = [c for c in cases if c.mode != "provenance"] or cases
     positions = max(max_new_tokens if c.mode == "generate" else c.scenario.gamma + 1 for c in statistical)
     vocab = max(tested_cells(c.scenario.vocab_size) for c in statistical)
-    alpha_position = alpha / len(statistical) / positions / (2 if sequential else 1) * (1 - TWO_SAMPLE_SHARE)
+    # As run_cases splits the alpha: over the cases that can give evidence.
+    sharing = sum(i != [] and skip_reason(c) is None for c, i in zip(statistical, evidence_plan(statistical)))
+    alpha_position = alpha / max(1, sharing) / positions / (2 if sequential else 1) * (1 - TWO_SAMPLE_SHARE)
     return verdict_samples_for_tv(tv, vocab, alpha_position, POWER)
 
 
