@@ -105,7 +105,7 @@ def cell(cases: list[dict]) -> tuple[str, str]:
         return "absent", "not in this run's report"
     if all(c["verdict"] == "skipped" and ABSENT in (c.get("reason") or "") for c in cases):
         return "absent", ""
-    for verdict in ("not_lossless", "error", "skipped"):
+    for verdict in ("not_lossless", "error", "skipped", "vacuous"):
         hits = [c for c in cases if c["verdict"] == verdict]
         if hits:
             label = "**NOT**" if verdict == "not_lossless" else verdict

@@ -37,7 +37,8 @@ def write_json(result: RunResult, path: str | Path) -> None:
     Path(path).write_text(json.dumps(to_json(result), indent=2, sort_keys=False) + "\n")
 
 
-VERDICT_STYLE = {"lossless": "green", "not_lossless": "bold red", "error": "yellow", "skipped": "dim"}
+VERDICT_STYLE = {"lossless": "green", "not_lossless": "bold red", "error": "yellow", "vacuous": "magenta",
+                 "skipped": "dim"}
 
 
 def _fmt(value, spec: str) -> str:
@@ -45,8 +46,8 @@ def _fmt(value, spec: str) -> str:
 
 
 def _note(c) -> str:
-    """The table's last column: why a case was skipped, or how its trials were batched when not batched."""
-    if c.verdict == "skipped":
+    """The table's last column: why a case was skipped or vacuous, or how its trials were batched when not batched."""
+    if c.verdict in ("skipped", "vacuous"):
         return c.reason
     if c.batch and c.batch.get("batch_size", 1) <= 1:
         return c.batch.get("note", "")
