@@ -196,7 +196,8 @@ def check(generator: str, warpers=None, mode: str = "step", scenario: str = DEFA
     """Check one generator under one warper stack (plain sampling when ``warpers`` is ``None``).
 
     Returns a :class:`~lossless_check.results.CaseResult`: ``verdict`` (``lossless``,
-    ``not_lossless``, ``error`` or ``skipped``), ``p_value``, ``tv``, ``tv_detectable`` (the smallest
+    ``not_lossless``, ``vacuous`` (the stack leaves nothing for ``q`` to change: only the exact checks
+    ran), ``error`` or ``skipped``), ``p_value``, ``tv``, ``tv_detectable`` (the smallest
     TV at position 1 detected with probability 0.99) and ``explain()``. The chance that a lossless
     generator is reported ``not_lossless`` is at most ``alpha``.
     """

@@ -14,8 +14,8 @@ every law met is a point mass the emitted tokens are the one reachable sequence,
 position test there compares a point mass with itself and cannot reject. Only the exact checks
 (support, impossible drafts, stopping) can still fail, and they do run. How *many* tokens a round
 emits does depend on ``q``, but the tests condition on reaching a position. Conversely, at a reachable
-prefix whose law has two or more tokens some ``q`` changes the emitted law (a drafter that always
-drafts the less likely one with ``q`` returned as the point mass on it).
+prefix whose law has two or more tokens some ``q`` changes the emitted law (a generator that always
+drafts one of them but returns ``q = p``: every draft is accepted, the other tokens are never emitted).
 
 A case is tested before it runs (this criterion, from the laws alone: a vacuous case gets no share
 of the run's alpha) and after (:func:`~.analysis.position_tests`: the positions where its trials met a

@@ -94,6 +94,14 @@ def test_an_exact_failure_in_a_vacuous_case_is_not_lossless():
     assert "point mass at every reachable prefix" in result.reason
 
 
+def test_a_vacuous_generate_case_is_vacuous():
+    """Generate mode tests the first K emitted tokens of the real loop: a point mass at each is vacuous."""
+    case = Case(resolve_generator(ASSISTED), VACUOUS, mode="generate", max_new_tokens=2)
+    result = run_cases([case], 60, ALPHA, 0).cases[0]
+    assert result.verdict == "vacuous" and result.informative_positions == [] and result.p_value is None
+    assert "positions 1-2" in result.explain()
+
+
 def test_holm_family_leaves_out_cases_vacuous_by_the_laws():
     def ran(p, law):
         result = CaseResult("G", "w", "step", "markov8", p_value=p, law_informative_positions=law,
