@@ -43,9 +43,10 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
     _check_processors(cases)
     statistical = [c.mode in STATISTICAL_MODES for c in cases]
     informative = evidence_plan(cases)
-    # Alpha is split over the cases that can produce evidence: not a case known to be skipped, nor one
-    # vacuous by the exact laws (it still runs, for its exact checks; decide() gives it no share).
-    alpha_case = alpha / max(1, sum(s and i != [] and skip_reason(c) is None
+    # Alpha is split over the cases that can produce evidence: not a case known to be skipped or to
+    # error before its trials (modes.skip_reason), nor one vacuous by the exact laws (it still runs,
+    # for its exact checks; decide() gives it no share).
+    alpha_case = alpha / max(1, sum(s and i != [] and skip_reason(c, timeout) is None
                                     for c, s, i in zip(cases, statistical, informative)))
     tasks = [replace(c, mode="step") if c.mode == "all" else c for c in cases]
     with Engine(workers) as engine:
