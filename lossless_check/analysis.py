@@ -124,12 +124,12 @@ def strata(rows: np.ndarray, position: int, law_of: LawOf, vocab: int) -> list[S
 def position_tests(result: CaseResult, strata_by_position: list[list[Stratum]], alpha_case: float) -> int:
     """Test the output law at every position; fill ``result``; return the number of support violations.
 
-    ``result.informative_positions``: the positions where some trial met a law that is not a point
-    mass (:mod:`~lossless_check.informativeness`). Each position gets ``alpha_case / positions`` for :func:`~lossless_check.stats.verdict_test` (the
+    Each position gets ``alpha_case / positions`` for :func:`~lossless_check.stats.verdict_test` (the
     L1 test and the likelihood-ratio test, half each) and the case's p-value is their Bonferroni
     combination. Position 1 gives the case's headline TV, its interval and the chi-square / G
     diagnostics; the first failing position (else position 1), when it is a single stratum, gives the
-    empirical and expected laws that reports plot.
+    empirical and expected laws that reports plot. ``result.informative_positions``: the positions
+    where some trial met a law that is not a point mass (:mod:`~lossless_check.informativeness`).
     """
     alpha_position = alpha_case / len(strata_by_position)
     result.alpha_case = alpha_case
