@@ -150,7 +150,7 @@ def matrix_wall_time(samples: int, workers: int) -> list[dict]:
         seconds = time.perf_counter() - started
         rows.append({"mode": mode, "cases": len(cases), "ran": sum(r.verdict not in ("skipped", "error") for r in results),
                      "verdicts": {v: sum(r.verdict == v for r in results) for v in ("lossless", "not_lossless",
-                                                                                     "error", "skipped")},
+                                                                                     "error", "vacuous", "skipped")},
                      "samples": samples, "workers": workers, "seconds": seconds})
     return rows
 

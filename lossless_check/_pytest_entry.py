@@ -32,7 +32,7 @@ from .pytest_plugin import DEFAULT_ALPHA, DEFAULT_SAMPLES, DEFAULT_SEED, Lossles
 _STATE = pytest.StashKey[SessionState]()
 _WORKER_KEY = "lossless_check_records"
 _VERDICT_MARKUP = {"lossless": {"green": True}, "not_lossless": {"red": True, "bold": True},
-                   "error": {"yellow": True}, "skipped": {}}
+                   "error": {"yellow": True}, "vacuous": {"purple": True}, "skipped": {}}
 
 
 def _fmt(value, spec: str) -> str:

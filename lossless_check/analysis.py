@@ -124,7 +124,8 @@ def position_tests(result: CaseResult, strata_by_position: list[list[Stratum]], 
     L1 test and the likelihood-ratio test, half each) and the case's p-value is their Bonferroni
     combination. Position 1 gives the case's headline TV, its interval and the chi-square / G
     diagnostics; the first failing position (else position 1), when it is a single stratum, gives the
-    empirical and expected laws that reports plot.
+    empirical and expected laws that reports plot. ``result.informative_positions``: the positions
+    where some trial met a law that is not a point mass (:mod:`~lossless_check.informativeness`).
     """
     alpha_position = alpha_case / len(strata_by_position)
     result.alpha_case = alpha_case
@@ -150,6 +151,8 @@ def position_tests(result: CaseResult, strata_by_position: list[list[Stratum]], 
             "rejected_by": list(test.rejected_by),
             "chi2_p_value": test.chi2_pvalue,
             "support_violations": test.support_violations,
+            # Trials that met a law that is not a point mass: only they carry evidence about q.
+            "informative_samples": sum(st.n for st in position_strata if np.count_nonzero(st.expected) > 1),
         })
         if test.pvalue <= alpha_position:
             result.failed_checks.append(f"output_law@{j + 1}")
@@ -166,6 +169,7 @@ def position_tests(result: CaseResult, strata_by_position: list[list[Stratum]], 
         result.expected_law = only.expected.tolist()
         result.law_position = shown + 1
     result.p_value = bonferroni_min(pvalues)
+    result.informative_positions = [p["position"] for p in result.positions if p["informative_samples"]]
     if violations:
         result.failed_checks.insert(0, "support")
     return violations

@@ -18,7 +18,8 @@ from typing import Any, Callable, Iterable
 
 from .engine import CHUNK_TIMEOUT, make_engine
 from .errors import UsageError
-from .modes import MODES, STATISTICAL_MODES, run_case
+from .informativeness import attach_plan, evidence_plan
+from .modes import MODES, STATISTICAL_MODES, run_case, skip_reason
 from .results import Case, CaseResult, RunResult, decide
 
 #: Trials per case: position 1 then detects a TV of about 0.07 (vocabulary 8, family alpha 1e-6).
@@ -56,7 +57,12 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
     """
     _check_processors(cases)
     statistical = [c.mode in STATISTICAL_MODES for c in cases]
-    alpha_case = alpha / max(1, sum(statistical))
+    informative = evidence_plan(cases)
+    # Alpha is split over the cases that can produce evidence: not a case known to be skipped or to
+    # error before its trials (modes.skip_reason), nor one vacuous by the exact laws (it still runs,
+    # for its exact checks; decide() gives it no share).
+    alpha_case = alpha / max(1, sum(s and i != [] and skip_reason(c, timeout) is None
+                                    for c, s, i in zip(cases, statistical, informative)))
     tasks = [replace(c, mode="step") if c.mode == "all" else c for c in cases]
     results: list = [None if journal is None else journal.done.get(i) for i in range(len(cases))]
     todo = [i for i, r in enumerate(results) if r is None]
@@ -75,8 +81,13 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
     except KeyboardInterrupt:
         partial = [r or c.result(verdict="unfinished", reason="the run was interrupted before this case finished")
                    for c, r in zip(cases, results)]
+        for case, result, positions in zip(tasks, partial, informative):
+            if result.verdict != "unfinished":
+                attach_plan(result, case, positions)
         decide([r for r, s in zip(partial, statistical) if s], alpha)
         raise RunInterrupted(RunResult(partial, alpha, seed, samples, interrupted=True)) from None
+    for case, result, positions in zip(tasks, results, informative):
+        attach_plan(result, case, positions)
     decide([r for r, s in zip(results, statistical) if s], alpha)
     for case, task, result in zip(cases, tasks, results):
         if case.mode == "all":
@@ -218,7 +229,8 @@ def check(generator: str, warpers=None, mode: str = "step", scenario: str = DEFA
     """Check one generator under one warper stack (plain sampling when ``warpers`` is ``None``).
 
     Returns a :class:`~lossless_check.results.CaseResult`: ``verdict`` (``lossless``,
-    ``not_lossless``, ``error`` or ``skipped``), ``p_value``, ``tv``, ``tv_detectable`` (the smallest
+    ``not_lossless``, ``vacuous`` (the stack leaves nothing for ``q`` to change: only the exact checks
+    ran), ``error`` or ``skipped``), ``p_value``, ``tv``, ``tv_detectable`` (the smallest
     TV at position 1 detected with probability 0.99) and ``explain()``. The chance that a lossless
     generator is reported ``not_lossless`` is at most ``alpha``.
     """

@@ -28,8 +28,9 @@ if TYPE_CHECKING:
 REPORT_NAMES = ("report.json", "report.md", "report.html")
 #: The gate's journal of finished cases (:mod:`lossless_check.journal`), beside its reports.
 JOURNAL_NAME = "journal.jsonl"
-_MARK = {"lossless": "✅", "not_lossless": "❌", "error": "⚠️", "skipped": "⏭️"}
-_COLOUR = {"lossless": "#c8e6c9", "not_lossless": "#ef9a9a", "error": "#ffe082", "skipped": "#e0e0e0"}
+_MARK = {"lossless": "✅", "not_lossless": "❌", "error": "⚠️", "vacuous": "⭕", "skipped": "⏭️", "unfinished": "⏸️"}
+_COLOUR = {"lossless": "#c8e6c9", "not_lossless": "#ef9a9a", "error": "#ffe082", "vacuous": "#d1c4e9",
+           "skipped": "#e0e0e0", "unfinished": "#fff9c4"}
 
 
 def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "default", modes: tuple[str, ...] | None = None,
@@ -109,9 +110,12 @@ def _fmt(value, spec: str) -> str:
 
 def _headline(result: RunResult) -> str:
     failing = sum(c.verdict in FAILING for c in result.cases)
+    vacuous = sum(c.verdict == "vacuous" for c in result.cases)
+    # Vacuous cases fail nothing but tested nothing about q: said beside the verdict, never counted as passes.
+    untested = f" ({vacuous} vacuous: they could not reveal a bug in q)" if vacuous else ""
     if failing:
-        return f"not lossless: {failing} of {len(result.cases)} cases fail"
-    return f"lossless: all {sum(c.verdict == 'lossless' for c in result.cases)} checked cases pass"
+        return f"not lossless: {failing} of {len(result.cases)} cases fail{untested}"
+    return f"lossless: all {sum(c.verdict == 'lossless' for c in result.cases)} checked cases pass{untested}"
 
 
 def _context(result: RunResult, doc: dict) -> str:

@@ -30,8 +30,9 @@ def print_listing() -> int:
     from .compat import versions
     from .matrix import MATRIX_NAMES, available_catalog, matrix
     from .modes.generate import TINY_LLAMA
+    from .informativeness import pair_coverage
     from .report import console_for
-    from .scenarios import SCENARIOS
+    from .scenarios import DEFAULT, SCENARIOS
     from .warpers import format_warpers
 
     installed = {n for n, obj in vars(cg).items()
@@ -55,6 +56,9 @@ def print_listing() -> int:
     for entry in available_catalog():
         history = " (history-dependent)" if entry.history_dependent else ""
         console.print(f"warper {entry.option}: {format_warpers(entry.kwargs)}{history}", highlight=False)
+    options = [e.option for e in available_catalog()]
     for name in MATRIX_NAMES:
-        console.print(f"matrix {name}: {len(matrix(name))} warper stacks", highlight=False)
+        covered, pairs = pair_coverage(matrix(name), options, DEFAULT)
+        console.print(f"matrix {name}: {len(matrix(name))} warper stacks; {covered}/{pairs} pairs of catalog options "
+                      f"covered by an informative stack on {DEFAULT.name}", highlight=False)
     return 0

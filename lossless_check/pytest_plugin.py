@@ -159,6 +159,7 @@ class Lossless:
         from .errors import UsageError
         from .report import to_json
         from .engine import one_thread
+        from .informativeness import attach_plan, case_informative_positions
         from .modes import run_case
         from .results import Case, RunResult, decide
         from .scenarios import SCENARIOS
@@ -181,6 +182,7 @@ class Lossless:
         # Fixed-sample: a failure names every failing position (a sequential stop names none).
         with one_thread():
             result = run_case(case, samples, self._state.seed, alpha, sequential=False)
+        attach_plan(result, case, case_informative_positions(case))
         decide([result], alpha)
         record = to_json(RunResult([result], alpha, self._state.seed, samples))["cases"][0]
         record.update(test=self._nodeid, check=self._checks, generator_spec=spec,
@@ -189,17 +191,26 @@ class Lossless:
         return result, record["reproduce"]
 
     def assert_lossless(self, generator: str | type, warpers: str | dict[str, Any] = "top_k=3",
-                        scenario: str = "iid8", samples: int | None = None) -> CaseResult:
+                        scenario: str = "iid8", samples: int | None = None, *,
+                        allow_vacuous: bool = False) -> CaseResult:
         """:meth:`check`, then fail the test with a short explanation unless the verdict is ``lossless``.
 
         The explanation names the failed sub-checks (``support``, ``output_law@j``, ``acceptance_law``),
         the TV at each failing position, the acceptance excess over theory, the warper stack, and the
         ``lossless-check run`` command that reproduces the check. A generator missing from the
-        installed transformers skips the test.
+        installed transformers skips the test. A ``vacuous`` check (the warper stack leaves the target a
+        point mass wherever the check looked: it could not have failed on ``q``) fails too, with why,
+        unless ``allow_vacuous=True`` says the caller means it (its exact checks passed).
         """
         result, command = self._run(generator, warpers, scenario, samples)
         if result.verdict == "skipped":
             pytest.skip(result.reason)
+        if result.verdict == "vacuous" and allow_vacuous:
+            return result
+        if result.verdict == "vacuous":
+            pytest.fail(f"{result.generator} was not tested under warpers [{result.warpers}] (scenario "
+                        f"{result.scenario}): the check is vacuous: {result.reason}; pass allow_vacuous=True "
+                        f"to accept it\nreproduce: {command}", pytrace=False)
         if result.verdict != "lossless":
             pytest.fail(failure_message(result, command), pytrace=False)
         return result

@@ -54,8 +54,8 @@ def _fmt(value, spec: str) -> str:
 
 
 def _note(c) -> str:
-    """The table's last column: why a case was skipped, or how its trials were batched when not batched."""
-    if c.verdict == "skipped":
+    """The table's last column: why a case was skipped or vacuous, or how its trials were batched when not batched."""
+    if c.verdict in ("skipped", "vacuous"):
         return c.reason
     if c.batch and c.batch.get("batch_size", 1) <= 1:
         return c.batch.get("note", "")

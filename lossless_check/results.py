@@ -18,8 +18,10 @@ from .warpers import format_warpers
 POWER = 0.99
 #: Checks that fail on a single impossible event, whatever the sample size.
 EXACT_CHECKS = ("support", "impossible_draft", "stopping", "provenance")
-#: Verdicts, in the order reports list them (``unfinished``: only in the report of an interrupted run).
-VERDICTS = ("not_lossless", "error", "lossless", "skipped", "unfinished")
+#: Verdicts, in the order reports list them. ``vacuous``: the case could not reveal a bug in ``q``
+#: (:mod:`~lossless_check.informativeness`); only its exact checks ran, and they passed. ``unfinished``:
+#: only in the report of an interrupted run.
+VERDICTS = ("not_lossless", "error", "vacuous", "lossless", "skipped", "unfinished")
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,11 @@ class CaseResult:
     # Step mode: what the generator was built with that the run does not choose (Universal: the
     # assistant ids of the shared words in the order its translator's pruned head holds them).
     generator_facts: dict | None = None
+    # Positions whose trials met a law that is not a point mass: the ones carrying evidence about q
+    # (None: no law test, e.g. a greedy reference). Empty: the case is vacuous.
+    informative_positions: list[int] | None = None
+    # Positions informative by the exact laws alone, known before running (empty: no alpha share).
+    law_informative_positions: list[int] | None = None
     failed_checks: list[str] = field(default_factory=list)  # checks that make the verdict not_lossless
     # Checks that assume the drafter samples the processed drafter table (acceptance law, rejection
     # residuals): they explain a failure but do not define one, since any honest q is lossless.
@@ -97,11 +104,34 @@ class CaseResult:
     samples_per_second: float | None = None
     exact_failure: bool = False
 
+    @property
+    def vacuous(self) -> bool:
+        """Whether no ``q`` could change what this case tested (before running, or in its trials)."""
+        return self.law_informative_positions == [] or self.informative_positions == []
+
+    def _evidence(self) -> str:
+        """Where the evidence is: why a case is vacuous, or which positions a partly informative one rests on."""
+        tested = len(self.positions)
+        if self.law_informative_positions == []:
+            return (f"the processed target is a point mass at every reachable prefix of positions 1-{tested}: "
+                    f"no q can change the output law; only the exact checks ran")
+        if self.informative_positions == []:
+            return (f"no trial reached a prefix where the processed target is not a point mass (by the laws: "
+                    f"{_positions(self.law_informative_positions or [])}, reached only through drafts the target "
+                    f"accepts): no evidence about q; only the exact checks ran")
+        if self.informative_positions is not None and len(self.informative_positions) < tested:
+            return (f"evidence from {_positions(self.informative_positions)} only "
+                    f"(every law met elsewhere is a point mass)")
+        return ""
+
     def explain(self) -> str:
         """One-line reason for the verdict."""
         if self.verdict in ("error", "skipped"):
             return self.reason
         parts = []
+        evidence = self._evidence()
+        if self.verdict == "vacuous":
+            parts.append(evidence)
         if "support" in self.failed_checks:
             parts.append("emitted a token the target gives probability 0")
         if "impossible_draft" in self.failed_checks:
@@ -126,7 +156,15 @@ class CaseResult:
             parts.append(f"combined p-value {self.p_value:.2g}, Holm-adjusted "
                          f"{compared(self.p_value_adjusted, self.alpha_family, '<=', '', '.2g')} = family alpha{where}")
         if self.verdict == "lossless" and not parts and self.tv is not None:
-            parts.append(f"TV {self.tv:.4f}; would detect TV >= {self.tv_detectable:.4f} with power {POWER}")
+            first = (self.informative_positions or [1])[0]
+            if first == 1:
+                parts.append(f"TV {self.tv:.4f}; would detect TV >= {self.tv_detectable:.4f} with power {POWER}")
+            else:
+                at = self.positions[first - 1]
+                parts.append(f"TV {at['tv']:.4f} at position {first}; would detect TV >= {at['tv_detectable']:.4f} "
+                             f"there with power {POWER}")
+        if evidence and self.verdict != "vacuous":
+            parts.append(evidence)
         if self.expected_acceptance_rate is None and self.acceptance_rate is not None:
             parts.append(f"acceptance rate {self.acceptance_rate:.3f} (no theory: drafts of varying length)")
         if self.expected_acceptance_rate is not None:
@@ -184,7 +222,8 @@ class RunResult:
 
     @property
     def exit_code(self) -> int:
-        """0 every case lossless (or skipped); 1 a case not lossless or a generator error.
+        """0 every case lossless (or skipped, or vacuous: counted and shown, no failure); 1 a case not
+        lossless or a generator error.
 
         A generator that raises or returns malformed output is a finding about the generator, so it
         exits 1 like a not-lossless case; 3 is reserved for the harness's own bugs (raised, never a
@@ -198,8 +237,16 @@ class RunResult:
 
 
 def decide(results: list[CaseResult], alpha_family: float) -> None:
-    """Holm across the tested cases: verdicts controlling the family-wise false-failure rate."""
-    tested = [r for r in results if r.p_value is not None and r.verdict not in ("error", "skipped", "unfinished")]
+    """Holm across the tested cases: verdicts controlling the family-wise false-failure rate.
+
+    The family is every case that ran and was given a share of the alpha: a case vacuous by the laws
+    (``law_informative_positions == []``, known before it ran) is not in it. A case that turns out
+    vacuous in its trials stays in the family (its membership may not depend on its data; its p-value
+    is 1, so it only makes Holm more conservative). A vacuous case is ``vacuous`` unless an exact
+    check failed (``not_lossless``); it never reads ``lossless``.
+    """
+    ran = [r for r in results if r.p_value is not None and r.verdict not in ("error", "skipped", "unfinished")]
+    tested = [r for r in ran if r.law_informative_positions != []]
     adjusted = holm_correction([r.p_value for r in tested])
     for r, adj in zip(tested, adjusted):
         r.p_value_adjusted, r.alpha_family = float(adj), alpha_family
@@ -207,7 +254,19 @@ def decide(results: list[CaseResult], alpha_family: float) -> None:
         # Checks flagged at the Bonferroni level stand when Holm rejects; a lossless verdict has none.
         if r.verdict == "lossless":
             r.failed_checks = []
+    for r in ran:
+        if r.vacuous:
+            r.verdict = "not_lossless" if r.exact_failure else "vacuous"
+            r.failed_checks = [c for c in r.failed_checks if c in EXACT_CHECKS]
+            r.tv_detectable = None  # nothing there to detect
+            if r.law_informative_positions == []:  # no share of alpha, no statistical claim
+                r.p_value = r.p_value_adjusted = None
+                r.alpha_case = 0.0
         r.reason = r.explain()
+
+
+def _positions(positions: list[int]) -> str:
+    return ("position " if len(positions) == 1 else "positions ") + ", ".join(map(str, positions))
 
 
 def one_line(exc: BaseException) -> str:

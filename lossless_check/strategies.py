@@ -3,6 +3,10 @@
 - :func:`warper_stacks`: ``GenerationConfig`` keyword arguments for a random subset of the warper
   catalog, each option with a parameter from its valid range. One presence flag per option is drawn
   first, so hypothesis shrinks a failing stack towards fewer warpers (then towards simpler values).
+- :func:`informative_stacks`: a stack strategy kept to the stacks that are not vacuous on a scenario
+  (:mod:`~lossless_check.informativeness`): a vacuous stack cannot fail on ``q``, so a property "every
+  drawn stack is lossless" would pass there without testing anything (the harness reports it
+  ``vacuous``, not ``lossless``).
 - :func:`logits_vectors`, :func:`logits_tables`, :func:`scenarios`: finite logits, optionally with
   some ``-inf`` entries but never a row of them, as vectors, :class:`~lossless_check.tables.FixedLogits`
   tables, or whole step-mode :class:`~lossless_check.scenarios.Scenario` objects.
@@ -132,6 +136,18 @@ def warper_stacks(vocab_size: int = DEFAULT.vocab_size, *, history: int = HISTOR
         return stack
 
     return stacks()
+
+
+def informative_stacks(stacks: st.SearchStrategy[dict[str, Any]] | None = None,
+                       scenario: Scenario = DEFAULT) -> st.SearchStrategy[dict[str, Any]]:
+    """``stacks`` (default :func:`warper_stacks`) without the stacks vacuous on ``scenario``: kept are
+    those whose processed target is not a point mass at some prefix a step-mode round drafting from the
+    scenario's drafter reaches (exact, from the laws:
+    :func:`~lossless_check.informativeness.reference_informative_positions`)."""
+    from .informativeness import reference_informative_positions
+
+    return (warper_stacks(scenario.vocab_size) if stacks is None else stacks).filter(
+        lambda stack: bool(reference_informative_positions(scenario, stack)))
 
 
 def logits_vectors(vocab_size: int = DEFAULT.vocab_size, *, max_masked: int | None = None,

@@ -50,6 +50,7 @@ def test_list_shows_installed_generators(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert "AssistedCandidateGenerator" in out and "DFlashTokenCandidateGenerator" in out
+    assert "105/105 pairs of catalog options covered by an informative stack" in " ".join(out.split())
 
 
 def test_detect_tv_sizes_the_run(tmp_path):

@@ -31,7 +31,7 @@ from lossless_check.modes.provenance import provenance_check
 from lossless_check.api import run_cases as run
 from lossless_check.results import Case
 from lossless_check.scenarios import DEFAULT, IID
-from lossless_check.strategies import OPTIONS, scenarios, stack_options, warper_stacks
+from lossless_check.strategies import OPTIONS, informative_stacks, scenarios, stack_options, warper_stacks
 from lossless_check.warpers import format_warpers, parse_warpers
 
 GENERATOR = "DFlashTokenCandidateGenerator"
@@ -89,7 +89,7 @@ def test_garbage_spec_is_refused_or_parsed(spec):
 
 
 @settings(max_examples=STATISTICAL_EXAMPLES)
-@given(warper_stacks())
+@given(informative_stacks())
 def test_dflash_is_lossless_under_random_stacks(stack):
     case = Case(resolve_generator(GENERATOR), stack, scenario=DEFAULT)
     result = run([case], SAMPLES, ALPHA_FAMILY / STATISTICAL_EXAMPLES, seed=0, sequential=False).cases[0]

@@ -97,3 +97,16 @@ def test_real_world_cases_get_their_own_row_in_the_reports(tmp_path):
     page = to_html(result, {"transformers_version": "x", "torch_version": "y"}, "Gen")
     grid = page[page.index('<table class="grid">'):page.index("</table>")]
     assert "Gen (all, iid32-fast-tokenizers)" in grid and grid.count('class="v-lossless"') == 1
+
+
+def test_vacuous_cases_are_coloured_counted_and_never_passes():
+    result = _result()
+    vacuous = CaseResult("Gen", "top_k=1", "all", "markov8", verdict="vacuous", samples=100,
+                         reason="the processed target is a point mass at every reachable prefix of positions 1-4")
+    result.cases = [result.cases[0], vacuous]
+    doc = {"transformers_version": "5", "torch_version": "2"}
+    markdown = to_markdown(result, doc, "g")
+    assert "lossless: all 1 checked cases pass (1 vacuous: they could not reveal a bug in q)" in markdown
+    assert "| Gen | top_k=1 | all | ⭕ vacuous |" in markdown
+    page = to_html(result, doc, "g")
+    assert page.count('class="v-vacuous"') == 2 and ".v-vacuous {" in page and result.exit_code == 0

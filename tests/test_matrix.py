@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from lossless_check.expected import ExactLaws
+from lossless_check.informativeness import pair_coverage, reference_informative_positions
 from lossless_check.matrix import available_catalog, matrix, pairwise_stacks
 from lossless_check.scenarios import DEFAULT
 from lossless_check.stubs import fixed_logits_lm
@@ -27,9 +28,11 @@ def _max_tv_over_prefixes(a: ExactLaws, b: ExactLaws, depth: int = 2) -> float:
 
 @pytest.mark.parametrize("entry", available_catalog(), ids=lambda e: e.option)
 def test_each_catalog_entry_bites(entry):
-    """Within two drafted positions, the entry moves the target law by at least 0.02 in TV."""
+    """Within two drafted positions, the entry moves the target law by at least 0.02 in TV, alone at
+    its solo value and at the milder value it takes in stacks."""
     plain = _laws({"top_k": 0})
     assert _max_tv_over_prefixes(plain, _laws(entry.kwargs)) > 0.02
+    assert _max_tv_over_prefixes(plain, _laws(entry.stacked_kwargs)) > 0.02
 
 
 def test_catalog_specs_round_trip_through_the_parser():
@@ -41,7 +44,29 @@ def test_pairwise_stacks_cover_every_pair():
     entries = available_catalog()
     stacks = pairwise_stacks(entries)
     for a, b in itertools.combinations(entries, 2):
-        assert any(all(s.get(k) == v for k, v in {**a.kwargs, **b.kwargs}.items()) for s in stacks), (a.option, b.option)
+        both = {**a.stacked_kwargs, **b.stacked_kwargs}
+        assert any(all(s.get(k) == v for k, v in both.items()) for s in stacks), (a.option, b.option)
+
+
+@pytest.mark.parametrize("name", ["default", "full"])
+def test_every_pair_of_options_is_covered_by_an_informative_stack(name):
+    """Computed from the exact laws: each of the 105 pairs has a stack holding both options that is not a
+    point mass at every prefix a round drafting from markov8's drafter reaches; the default matrix has
+    no vacuous stack at all (a vacuous stack costs a case and tests nothing)."""
+    options = [e.option for e in available_catalog()]
+    assert pair_coverage(matrix(name), options, DEFAULT) == (len(options) * (len(options) - 1) // 2,) * 2
+    if name == "default":
+        assert all(reference_informative_positions(DEFAULT, stack) for stack in matrix(name))
+
+
+def test_pair_coverage_counts_only_informative_stacks():
+    """Negative control: the solo values stacked four at a time (the former design) leave pairs that only
+    vacuous stacks hold."""
+    entries = {e.option: e for e in available_catalog()}
+    vacuous = {**entries["top_k"].kwargs, **entries["typical_p"].kwargs, **entries["top_h"].kwargs}
+    assert reference_informative_positions(DEFAULT, vacuous) == []
+    assert pair_coverage([vacuous], ["top_k", "typical_p", "top_h"], DEFAULT) == (0, 3)
+    assert pair_coverage([matrix("default")[-1]], list(entries), DEFAULT)[0] > 0
 
 
 def test_default_matrix_holds_every_single_entry():

@@ -17,6 +17,54 @@ MODES = ("step", "provenance", "generate", "all")
 STATISTICAL_MODES = ("step", "generate", "all")
 
 
+def skip_reason(case: Case, timeout: float = 600.0) -> str | None:
+    """Why a case of any mode will give no verdict of its own (``None``: it can): skipped, or, in step
+    mode, skipped or errored at its first ``get_candidates`` call (:func:`probe`).
+
+    A run splits its alpha over the other cases. A wrong ``None`` only costs power: the case's share
+    was reserved and Holm's family is the cases that did produce a p-value.
+    """
+    if case.mode in ("step", "all"):
+        from .step import skip_reason as step_skip
+
+        return step_skip(case) or probe(case, timeout)
+    if case.mode == "generate":
+        from .generate import skip_reason as generate_skip
+
+        return generate_skip(case)
+    return None
+
+
+#: :func:`probe` per generator and scenario (the scenario kept with its id, which is unique only while it lives).
+_PROBED: dict[tuple, tuple[object, str | None]] = {}
+
+
+def probe(case: Case, timeout: float = 600.0) -> str | None:
+    """Why a step case stops at its first ``get_candidates`` call, or ``None``: one call on the case's
+    generator and scenario under plain sampling, built as the case builds it.
+
+    What it finds does not depend on the warpers (a generator that returns no ``q``, a stub that cannot
+    hold the vocabulary, a generator that fails to build), so it is made once per generator and
+    scenario. A generator the probe sees fail in any other way is left to the case, which reports it.
+    """
+    from dataclasses import replace
+
+    from ..engine import deadline
+    from ..errors import GeneratorFailure, NotApplicable
+    from .step import StepCase
+
+    key = (case.generator.spec, id(case.scenario))
+    if _PROBED.get(key, (None,))[0] is not case.scenario:
+        try:
+            with deadline(timeout, "probing the generator with one get_candidates call"):
+                StepCase(replace(case, warpers={}, mode="step"), batch_size=1).draft(1)
+            reason = None
+        except (NotApplicable, GeneratorFailure) as exc:
+            reason = str(exc)
+        _PROBED[key] = case.scenario, reason
+    return _PROBED[key][1]
+
+
 def run_case(case: Case, samples: int, seed: int, alpha_case: float, sequential: bool = True,
              timeout: float = 600.0, batch_size: int | None = None) -> CaseResult:
     """Run and analyse one case of any mode at ``alpha_case`` (the verdict is re-decided across a run).

@@ -319,6 +319,8 @@ def analyse(case: Case, setup: _Setup, gens: Generations, alpha_case: float) -> 
     emitted = gens.before_eos(setup.eos)
     by_position = [position_strata(emitted, k, setup.law) for k in range(max_new_tokens)]
     violations = position_tests(result, by_position, alpha_case)
+    if setup.greedy:  # a point mass by design: the check is exact, no evidence about q is sought
+        result.informative_positions = None
     if gens.stopping_violations:
         result.failed_checks.append("stopping")
     result.exact_failure = bool(violations or gens.stopping_violations)
