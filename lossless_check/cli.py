@@ -1,4 +1,4 @@
-"""``lossless-check`` command line: ``run``, ``gate``, ``mutants`` and ``list``.
+"""``lossless-check`` command line: ``run``, ``gate``, ``verifier``, ``repro``, ``mutants`` and ``list``.
 
 Exit codes: 0 every case lossless; 1 at least one case not lossless, or a generator error (a finding
 about the generator); 2 bad usage or input (one line); 3 the harness's own bug.
@@ -49,6 +49,9 @@ def _common(parser: argparse.ArgumentParser, samples_help: str) -> None:
                         help="rows per real get_candidates call in step mode's batched arm; 1 runs every trial "
                              "at batch 1 (default 512)")
     parser.add_argument("--quiet", action="store_true", help="no progress")
+    parser.add_argument("--no-verifier", action="store_true",
+                        help="leave out the row of the exact check of the installed _speculative_sampling "
+                             "(lossless-check verifier), which a run otherwise puts first")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     repro.add_argument("--samples", type=positive_int, default=None,
                        help="most generate() calls the script makes (default 1000; it stops at its first rejection)")
     repro.add_argument("--out", default="repro.py", metavar="PATH", help="where to write the script (default repro.py)")
+    verifier = sub.add_parser("verifier", help="exact, white-box checks of the installed _speculative_sampling "
+                                                "against the algorithm's law (exit 1 on a defect)")
+    verifier.add_argument("--json", metavar="PATH", help="write the checks as JSON here")
     mutants = sub.add_parser("mutants", help="mutation self-test: every mutant of fixtures/mutants (run from the repo root)")
     mutants.add_argument("--samples", type=positive_int, default=DEFAULT_SAMPLES, help="most trials per mutant")
     mutants.add_argument("--alpha", type=probability, default=1e-6)
@@ -152,7 +158,7 @@ def _run(args) -> int:
         args.samples = samples_to_detect(cases, args.detect_tv, args.alpha, args.max_new_tokens, sequential)
     with progress_reporter(len(cases), args.quiet) as advance:
         result = run_cases(cases, args.samples, args.alpha, args.seed, args.workers, advance, sequential,
-                           args.timeout, args.batch_size)
+                           args.timeout, args.batch_size, verifier=not args.no_verifier)
     print_table(result)
     if args.json:
         write_json(result, args.json)
@@ -184,7 +190,8 @@ def _gate(args) -> int:
         result, code = gate(args.generator, args.out, matrix_name=args.matrix, samples=args.samples, alpha=args.alpha,
                             seed=args.seed, scenario=args.scenario, workers=args.workers, sequential=not args.fixed,
                             progress=advance, batch_size=args.batch_size, return_result=True,
-                            generate_samples=args.generate_samples, repro_dir=args.repro)
+                            generate_samples=args.generate_samples, repro_dir=args.repro,
+                            verifier=not args.no_verifier)
     from .report import print_table
 
     print_table(result)
@@ -192,6 +199,18 @@ def _gate(args) -> int:
     Console(soft_wrap=True).print(f"gate {'passed' if code == 0 else 'failed'} (exit {code}); reports: {reports}",
                                   highlight=False)
     return code
+
+
+def _verifier(args) -> int:
+    """Exit 0 when the installed verifier passes every exact check, 1 on a defect."""
+    from .verifier import verify
+    from .verifier_report import print_verifier, write_verifier_json
+
+    report = verify()
+    print_verifier(report)
+    if args.json:
+        write_verifier_json(report, args.json)
+    return EXIT_OK if report.clean else EXIT_NOT_LOSSLESS
 
 
 def _mutants(args) -> int:
@@ -228,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
             return _gate(args)
         if args.command == "mutants":
             return _mutants(args)
+        if args.command == "verifier":
+            return _verifier(args)
         if args.command == "repro":
             return _repro(args)
         return _run(args)

@@ -32,7 +32,8 @@ _COLOUR = {"lossless": "#c8e6c9", "not_lossless": "#ef9a9a", "error": "#ffe082",
 def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "default", modes: tuple[str, ...] | None = None,
          samples: int = 5_000, alpha: float = 1e-6, seed: int = 0, scenario: str | None = None, workers: int = 1,
          progress: Callable[[int], None] | None = None, sequential: bool = True, batch_size: int | None = None,
-         return_result: bool = False, generate_samples: int = 400, repro_dir: str | Path | None = None):
+         return_result: bool = False, generate_samples: int = 400, repro_dir: str | Path | None = None,
+         verifier: bool = True):
     """Run ``generator_spec`` over a warper matrix, write the three reports into ``out_dir``, return the exit code.
 
     ``scenario=None``: the default scenario, plus the matrix's real-world cases in the first mode
@@ -46,6 +47,7 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
     sequence at a time) runs ``generate_samples`` trials per case, to catch the large effects of bugs
     in the loop; each case reports the ``tv_detectable`` that gives. ``repro_dir``: write a standalone
     reproduction script there for every failing case that has one (:func:`lossless_check.repro.write_repros`).
+    ``verifier`` (default): the first row is the exact check of the installed ``_speculative_sampling``.
     """
     from .adapters import resolve_generator
     from .api import DEFAULT_SCENARIO, real_world_cases, resolve_scenario, run_cases
@@ -62,7 +64,7 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
     if hasattr(progress, "set_total"):
         progress.set_total(len(cases))
     result = run_cases(cases, samples, alpha, seed, workers, progress, sequential=sequential, batch_size=batch_size,
-                       samples_by_mode={"generate": min(samples, generate_samples)})
+                       samples_by_mode={"generate": min(samples, generate_samples)}, verifier=verifier)
     write_reports(result, out_dir, title=generator_spec)
     if repro_dir is not None:
         from .repro import write_repros

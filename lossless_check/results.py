@@ -97,7 +97,7 @@ class CaseResult:
 
     def explain(self) -> str:
         """One-line reason for the verdict."""
-        if self.verdict in ("error", "skipped"):
+        if self.verdict in ("error", "skipped") or self.mode == "verifier":
             return self.reason
         parts = []
         if "support" in self.failed_checks:
