@@ -94,6 +94,10 @@ class CaseResult:
     seconds: float = 0.0
     samples_per_second: float | None = None
     exact_failure: bool = False
+    # Every exact failure with its cause (:mod:`lossless_check.attribution`): ``{"check", "cause":
+    # "verifier" | "generator", "position", "trials", ...}``; verifier-caused trials are set aside.
+    exact_failures: list[dict] = field(default_factory=list)
+    verifier_set_aside: int = 0
 
     def explain(self) -> str:
         """One-line reason for the verdict."""
@@ -127,6 +131,11 @@ class CaseResult:
             parts.append(f"combined p-value {self.p_value:.2g} <= family alpha after Holm{where}")
         if self.verdict == "lossless" and not parts and self.tv is not None:
             parts.append(f"TV {self.tv:.4f}; would detect TV >= {self.tv_detectable:.4f} with power {POWER}")
+        aside = [e for e in self.exact_failures if e["cause"] == "verifier"]
+        if aside:
+            parts.append(f"{self.verifier_set_aside} trials set aside, caused by the verifier: it accepted a draft the "
+                         f"target gives probability 0 ({aside[0]['where'].rsplit('/', 1)[-1]} `{aside[0]['rule']}`, "
+                         f"probability 2^-24 per such draft); the verdict rests on the other trials")
         if self.expected_acceptance_rate is None and self.acceptance_rate is not None:
             parts.append(f"acceptance rate {self.acceptance_rate:.3f} (no theory: drafts of varying length)")
         if self.expected_acceptance_rate is not None:
