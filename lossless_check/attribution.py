@@ -25,9 +25,11 @@ rounding of every ratio ``p/q`` (under ``2^-24`` per draft), which every verifie
 from __future__ import annotations
 
 import dataclasses
+from contextlib import contextmanager
 from typing import Callable
 
 import numpy as np
+import torch
 
 #: The causes an exact failure is attributed to.
 VERIFIER, GENERATOR = "verifier", "generator"
@@ -95,3 +97,34 @@ def attribute(result, set_aside: np.ndarray, impossible: int = 0, stopping: int 
     result.verifier_set_aside = int((set_aside >= 0).sum())
     result.reason = result.explain()
     return result
+
+
+@contextmanager
+def watching_verifier(prompt_length: int):
+    """While ``generate()`` runs, wrap the installed ``_speculative_sampling`` (the global that
+    ``_assisted_decoding`` calls) to see what it accepted: every call that accepts a draft its own ``p``
+    (``new_logits.softmax(-1)``, the very tensor it computes p from) gives probability 0 appends that
+    draft's output position (0-based, from the prompt's end) to the yielded list. Nothing else changes.
+    A zero the loop's ``p`` does not have (a loop that built the target's logits wrongly) stays the
+    generator's: the check is on what the verifier saw."""
+    import transformers.generation.utils as utils
+
+    real = utils._speculative_sampling
+    seen: list[int] = []
+
+    def watched(candidate_input_ids, candidate_logits, candidate_length, new_logits, *args, **kwargs):
+        tokens, n_matches = real(candidate_input_ids, candidate_logits, candidate_length, new_logits, *args, **kwargs)
+        accepted = int(n_matches)
+        if accepted:
+            drafts = candidate_input_ids[0, -candidate_length:][:accepted]
+            p = new_logits.softmax(dim=-1)[0, :accepted].gather(-1, drafts[:, None])[:, 0]
+            zero = torch.nonzero(p == 0)
+            if zero.numel():
+                seen.append(candidate_input_ids.shape[1] - candidate_length - prompt_length + int(zero[0, 0]))
+        return tokens, n_matches
+
+    utils._speculative_sampling = watched
+    try:
+        yield seen
+    finally:
+        utils._speculative_sampling = real

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from .results import CaseResult
-from .verifier import VerifierReport, verify
+from .verifier import ZERO_RATE, VerifierReport, verify
 
 #: The row's generator and mode in a run's table and JSON.
 VERIFIER_NAME = "_speculative_sampling"
@@ -50,8 +50,9 @@ def verifier_row(scenario: str, report: VerifierReport | None = None) -> CaseRes
                      failed_checks=[c.name for c in failing])
     if failing:
         d = report.defects[0]
-        row.reason = (f"{d['file']}:{d['line']} `{d['source']}`: {', '.join(d['checks'])}; " + "; ".join(d["rates"])
-                      + " (lossless-check verifier)")
+        rates = sorted(d["rates"], key=lambda rate: rate != ZERO_RATE)  # the exact failure's rate first
+        row.reason = (f"{d['file']}:{d['line']} `{d['source']}`: {len(failing)} of {len(report.checks)} exact checks "
+                      f"fail ({failing[0].name}, ...); {rates[0] if rates else ''} (details: lossless-check verifier)")
     else:
         row.reason = f"all {len(report.checks)} exact checks of the installed verifier pass (lossless-check verifier)"
     return row

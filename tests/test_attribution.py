@@ -70,3 +70,14 @@ def test_a_generator_with_a_wrong_q_stays_not_lossless_with_cause_generator():
     assert result.verdict == "not_lossless" and "impossible_draft" in result.failed_checks
     assert result.verifier_set_aside == 0
     assert {(e["check"], e["cause"]) for e in result.exact_failures} >= {("impossible_draft", "generator")}
+
+
+def test_generate_mode_attributes_forced_r_0_to_the_verifier(r_zero_at_impossible_drafts):
+    """The real generate() loop: the installed verifier is watched while it runs (its own p), so the
+    sample it made emit a zero-probability draft is set aside with the verifier as cause."""
+    cases = cases_for(["AssistedCandidateGenerator"], "top_k=3", None, "generate", "markov8", max_new_tokens=3)
+    result = run_cases(cases, 200, 1e-6, 0).cases[0]
+    assert len(r_zero_at_impossible_drafts) == FORCED
+    assert result.verdict == "lossless", result.reason
+    assert result.verifier_set_aside == FORCED and result.samples == 200 - FORCED
+    assert {e["cause"] for e in result.exact_failures} == {"verifier"}

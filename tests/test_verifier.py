@@ -94,3 +94,29 @@ def test_strict_patched_release_passes_every_check(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["source"].startswith(str(site)) and doc["defects"] == [] and doc["verdict"] == "lossless"
     assert len(doc["checks"]) >= 16 and all(c["passed"] for c in doc["checks"])
+
+
+def test_a_run_puts_the_verifier_first_as_an_exact_row(tmp_path, capsys):
+    """Once per run, outside Holm (no p-value, no share of alpha); on 5.24 it is what makes the run exit 1."""
+    out = tmp_path / "run.json"
+    code = main(["run", "--generator", "DFlashTokenCandidateGenerator", "--warpers", "top_k=3", "--scenario", "iid8",
+                 "--samples", "300", "--json", str(out), "--quiet"])
+    assert code == 1
+    verifier, case = json.loads(out.read_text())["cases"]
+    assert (verifier["generator"], verifier["mode"], verifier["verdict"]) == ("_speculative_sampling", "verifier",
+                                                                                "not_lossless")
+    assert verifier["p_value"] is None and verifier["alpha_case"] is None
+    assert "utils.py:4479 `is_accepted = r_i <= probability_ratio`" in verifier["reason"]
+    assert "5.96e-08" in verifier["reason"]
+    assert case["verdict"] == "lossless" and case["alpha_case"] == 1e-6
+    printed = capsys.readouterr().out
+    assert "_speculative_sampling" in printed and "verifier" in printed
+
+
+def test_lc_run_has_the_row_and_can_leave_it_out_and_check_never_runs_it():
+    import lossless_check as lc
+
+    kwargs = dict(warpers="top_k=3", scenario="iid8", samples=100)
+    assert [c.mode for c in lc.run("DFlashTokenCandidateGenerator", **kwargs).cases] == ["verifier", "step"]
+    assert [c.mode for c in lc.run("DFlashTokenCandidateGenerator", verifier=False, **kwargs).cases] == ["step"]
+    assert lc.check("DFlashTokenCandidateGenerator", **kwargs).mode == "step"
