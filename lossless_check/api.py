@@ -34,8 +34,9 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
               samples_by_mode: dict[str, int] | None = None, verifier: bool = False) -> RunResult:
     """Run cases of any mode on one engine; the family-wise decision covers every statistical case.
 
-    ``verifier``: put the exact check of the installed ``_speculative_sampling`` first, as its own row
-    (:func:`~lossless_check.verifier_report.verifier_row`; no share of ``alpha``, outside Holm).
+    ``verifier``: add the exact check of the installed ``_speculative_sampling`` as the last row
+    (:func:`~lossless_check.verifier_report.verifier_row`; no share of ``alpha``, outside Holm; last, so
+    that ``results[i]`` stays the result of ``cases[i]``).
 
     ``samples_by_mode`` overrides ``samples`` for the cases of a mode (the gate runs the slower
     generate mode at fewer trials; each case states its own ``tv_detectable``).
@@ -60,7 +61,7 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
     if verifier:
         from .verifier_report import verifier_row
 
-        results.insert(0, verifier_row(cases[0].scenario.name if cases else DEFAULT_SCENARIO))
+        results.append(verifier_row(cases[0].scenario.name if cases else DEFAULT_SCENARIO))
     return RunResult(results, alpha, seed, samples)
 
 
@@ -184,7 +185,7 @@ def run(generators: Iterable[str] | str | None = None, warpers=None, matrix: str
     ``scenario``: a scenario name (default: ``markov8``, plus the matrix's real-world slices, see
     :func:`cases_for`). ``sequential`` (default): a case stops at the first trial its anytime e-value rejects; a clean
     case runs to ``samples``. Returns a :class:`~lossless_check.results.RunResult` (``.cases``,
-    ``.exit_code``, ``.counts()``). ``verifier`` (default): the run's first row is the exact check of
+    ``.exit_code``, ``.counts()``). ``verifier`` (default): the run's last row is the exact check of
     the installed ``_speculative_sampling`` (``lossless-check verifier``); ``False`` leaves it out.
     """
     cases = cases_for(generators, warpers, matrix, mode, scenario, max_new_tokens)

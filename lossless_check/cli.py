@@ -51,7 +51,7 @@ def _common(parser: argparse.ArgumentParser, samples_help: str) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress")
     parser.add_argument("--no-verifier", action="store_true",
                         help="leave out the row of the exact check of the installed _speculative_sampling "
-                             "(lossless-check verifier), which a run otherwise puts first")
+                             "(lossless-check verifier), which a run otherwise adds as its last row")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -47,7 +47,7 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
     sequence at a time) runs ``generate_samples`` trials per case, to catch the large effects of bugs
     in the loop; each case reports the ``tv_detectable`` that gives. ``repro_dir``: write a standalone
     reproduction script there for every failing case that has one (:func:`lossless_check.repro.write_repros`).
-    ``verifier`` (default): the first row is the exact check of the installed ``_speculative_sampling``.
+    ``verifier`` (default): the last row is the exact check of the installed ``_speculative_sampling``.
     """
     from .adapters import resolve_generator
     from .api import DEFAULT_SCENARIO, real_world_cases, resolve_scenario, run_cases

@@ -96,13 +96,13 @@ def test_strict_patched_release_passes_every_check(tmp_path):
     assert len(doc["checks"]) >= 16 and all(c["passed"] for c in doc["checks"])
 
 
-def test_a_run_puts_the_verifier_first_as_an_exact_row(tmp_path, capsys):
+def test_a_run_adds_the_verifier_as_an_exact_row(tmp_path, capsys):
     """Once per run, outside Holm (no p-value, no share of alpha); on 5.24 it is what makes the run exit 1."""
     out = tmp_path / "run.json"
     code = main(["run", "--generator", "DFlashTokenCandidateGenerator", "--warpers", "top_k=3", "--scenario", "iid8",
                  "--samples", "300", "--json", str(out), "--quiet"])
     assert code == 1
-    verifier, case = json.loads(out.read_text())["cases"]
+    case, verifier = json.loads(out.read_text())["cases"]
     assert (verifier["generator"], verifier["mode"], verifier["verdict"]) == ("_speculative_sampling", "verifier",
                                                                                 "not_lossless")
     assert verifier["p_value"] is None and verifier["alpha_case"] is None
@@ -117,6 +117,6 @@ def test_lc_run_has_the_row_and_can_leave_it_out_and_check_never_runs_it():
     import lossless_check as lc
 
     kwargs = dict(warpers="top_k=3", scenario="iid8", samples=100)
-    assert [c.mode for c in lc.run("DFlashTokenCandidateGenerator", **kwargs).cases] == ["verifier", "step"]
+    assert [c.mode for c in lc.run("DFlashTokenCandidateGenerator", **kwargs).cases] == ["step", "verifier"]
     assert [c.mode for c in lc.run("DFlashTokenCandidateGenerator", verifier=False, **kwargs).cases] == ["step"]
     assert lc.check("DFlashTokenCandidateGenerator", **kwargs).mode == "step"
