@@ -47,7 +47,8 @@ def verifier_row(scenario: str, report: VerifierReport | None = None) -> CaseRes
     failing = [c for c in report.checks if not c.passed]
     row = CaseResult(VERIFIER_NAME, "-", VERIFIER_MODE, scenario, samples=0,
                      verdict="not_lossless" if failing else "lossless", exact_failure=bool(failing),
-                     failed_checks=[c.name for c in failing])
+                     failed_checks=[c.name for c in failing],
+                     exact_failures=[{"check": c.name, "cause": "verifier", "rate": c.rate} for c in failing])
     if failing:
         d = report.defects[0]
         rates = sorted(d["rates"], key=lambda rate: rate != ZERO_RATE)  # the exact failure's rate first
