@@ -72,12 +72,28 @@ def test_a_generator_with_a_wrong_q_stays_not_lossless_with_cause_generator():
     assert {(e["check"], e["cause"]) for e in result.exact_failures} >= {("impossible_draft", "generator")}
 
 
+def _assisted_generate_top_k3():
+    cases = cases_for(["AssistedCandidateGenerator"], "top_k=3", None, "generate", "markov8", max_new_tokens=3)
+    return run_cases(cases, 200, 1e-6, 0).cases[0]
+
+
 def test_generate_mode_attributes_forced_r_0_to_the_verifier(r_zero_at_impossible_drafts):
     """The real generate() loop: the installed verifier is watched while it runs (its own p), so the
     sample it made emit a zero-probability draft is set aside with the verifier as cause."""
-    cases = cases_for(["AssistedCandidateGenerator"], "top_k=3", None, "generate", "markov8", max_new_tokens=3)
-    result = run_cases(cases, 200, 1e-6, 0).cases[0]
+    result = _assisted_generate_top_k3()
     assert len(r_zero_at_impossible_drafts) == FORCED
     assert result.verdict == "lossless", result.reason
     assert result.verifier_set_aside == FORCED and result.samples == 200 - FORCED
     assert {e["cause"] for e in result.exact_failures} == {"verifier"}
+
+
+def test_generate_mode_without_watching_the_verifier_blames_the_generator(r_zero_at_impossible_drafts, monkeypatch):
+    """Negative control of the generate-mode attribution."""
+    import contextlib
+
+    from lossless_check.modes import generate
+
+    monkeypatch.setattr(generate, "watching_verifier", lambda prompt_length: contextlib.nullcontext([]))
+    result = _assisted_generate_top_k3()
+    assert result.verdict == "not_lossless" and "support" in result.failed_checks
+    assert {e["cause"] for e in result.exact_failures} == {"generator"}
