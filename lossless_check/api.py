@@ -43,8 +43,12 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
               progress: Callable[[int], None] | None = None, sequential: bool = True,
               timeout: float = CHUNK_TIMEOUT, batch_size: int | None = None,
               samples_by_mode: dict[str, int] | None = None, journal=None, backend: str = "local",
-              address: str | None = None) -> RunResult:
+              address: str | None = None, verifier: bool = False) -> RunResult:
     """Run cases of any mode on one engine; the family-wise decision covers every statistical case.
+
+    ``verifier``: add the exact check of the installed ``_speculative_sampling`` as the last row
+    (:func:`~lossless_check.verifier_report.verifier_row`; no share of ``alpha``, outside Holm; last, so
+    that ``results[i]`` stays the result of ``cases[i]``).
 
     ``samples_by_mode`` overrides ``samples`` for the cases of a mode (the gate runs the slower
     generate mode at fewer trials; each case states its own ``tv_detectable``).
@@ -94,6 +98,10 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
             from .modes.provenance import attach_provenance
 
             attach_provenance(result, task, seed)
+    if verifier:
+        from .verifier_report import verifier_row
+
+        results.append(verifier_row(cases[0].scenario.name if cases else DEFAULT_SCENARIO))
     return RunResult(results, alpha, seed, samples)
 
 
@@ -208,7 +216,7 @@ def real_world_cases(generators: list, matrix_name: str, mode: str, max_new_toke
 def run(generators: Iterable[str] | str | None = None, warpers=None, matrix: str | None = None, mode: str = "step",
         scenario: str | None = None, samples: int = DEFAULT_SAMPLES, alpha: float = DEFAULT_ALPHA, seed: int = 0,
         workers: int = 1, sequential: bool = True, max_new_tokens: int = 4,
-        progress: Callable[[int], None] | None = None) -> RunResult:
+        progress: Callable[[int], None] | None = None, verifier: bool = True) -> RunResult:
     """Check every generator under every warper stack; verdicts control the family-wise rate ``alpha``.
 
     ``generators``: names or ``module:attr`` specs (default: every built-in); ``warpers``: a spec
@@ -217,10 +225,11 @@ def run(generators: Iterable[str] | str | None = None, warpers=None, matrix: str
     ``scenario``: a scenario name (default: ``markov8``, plus the matrix's real-world slices, see
     :func:`cases_for`). ``sequential`` (default): a case stops at the first trial its anytime e-value rejects; a clean
     case runs to ``samples``. Returns a :class:`~lossless_check.results.RunResult` (``.cases``,
-    ``.exit_code``, ``.counts()``).
+    ``.exit_code``, ``.counts()``). ``verifier`` (default): the run's last row is the exact check of
+    the installed ``_speculative_sampling`` (``lossless-check verifier``); ``False`` leaves it out.
     """
     cases = cases_for(generators, warpers, matrix, mode, scenario, max_new_tokens)
-    return run_cases(cases, samples, alpha, seed, workers, progress, sequential)
+    return run_cases(cases, samples, alpha, seed, workers, progress, sequential, verifier=verifier)
 
 
 def check(generator: str, warpers=None, mode: str = "step", scenario: str = DEFAULT_SCENARIO,

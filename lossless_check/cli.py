@@ -1,4 +1,4 @@
-"""``lossless-check`` command line: ``run``, ``gate``, ``mutants`` and ``list``.
+"""``lossless-check`` command line: ``run``, ``gate``, ``verifier``, ``repro``, ``mutants`` and ``list``.
 
 Exit codes: 0 every case lossless; 1 at least one case not lossless, or a generator error (a finding
 about the generator); 2 bad usage or input (one line); 3 the harness's own bug; 4 interrupted (SIGINT
@@ -60,6 +60,9 @@ def _common(parser: argparse.ArgumentParser, samples_help: str) -> None:
     parser.add_argument("--table", choices=("auto", "full", "summary"), default="auto",
                         help="the per-case table: full, summary (a line per generator and the failures only), or "
                              "auto: full up to 40 cases (default)")
+    parser.add_argument("--no-verifier", action="store_true",
+                        help="leave out the row of the exact check of the installed _speculative_sampling "
+                             "(lossless-check verifier), which a run otherwise adds as its last row")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -102,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     repro.add_argument("--samples", type=positive_int, default=None,
                        help="most generate() calls the script makes (default 1000; it stops at its first rejection)")
     repro.add_argument("--out", default="repro.py", metavar="PATH", help="where to write the script (default repro.py)")
+    verifier = sub.add_parser("verifier", help="exact, white-box checks of the installed _speculative_sampling "
+                                                "against the algorithm's law (exit 1 on a defect)")
+    verifier.add_argument("--json", metavar="PATH", help="write the checks as JSON here")
     mutants = sub.add_parser("mutants", help="mutation self-test: every mutant of fixtures/mutants (run from the repo root)")
     mutants.add_argument("--samples", type=positive_int, default=DEFAULT_SAMPLES, help="most trials per mutant")
     mutants.add_argument("--alpha", type=probability, default=1e-6)
@@ -213,7 +219,7 @@ def _run(args) -> int:
         with progress_reporter(len(cases) - len(journal.done if journal else ()), args.quiet) as advance:
             result = run_cases(cases, args.samples, args.alpha, args.seed, args.workers, advance, sequential,
                                args.timeout, args.batch_size, journal=journal, backend=args.backend,
-                               address=args.address)
+                               address=args.address, verifier=not args.no_verifier)
     except RunInterrupted as stopped:
         return _interrupted(stopped.partial, args.json, args.table)
     print_table(result, table=args.table)
@@ -264,7 +270,8 @@ def _gate(args) -> int:
                                 alpha=args.alpha, seed=args.seed, scenario=args.scenario, workers=args.workers,
                                 sequential=not args.fixed, progress=advance, batch_size=args.batch_size,
                                 return_result=True, generate_samples=args.generate_samples, repro_dir=args.repro,
-                                resume=args.resume, backend=args.backend, address=args.address)
+                                resume=args.resume, backend=args.backend, address=args.address,
+                                verifier=not args.no_verifier)
     except RunInterrupted as stopped:
         return _interrupted(stopped.partial, str(Path(args.out) / "report.json"), args.table)
     from .report import print_table
@@ -274,6 +281,18 @@ def _gate(args) -> int:
     Console(soft_wrap=True).print(f"gate {'passed' if code == 0 else 'failed'} (exit {code}); reports: {reports}",
                                   highlight=False)
     return code
+
+
+def _verifier(args) -> int:
+    """Exit 0 when the installed verifier passes every exact check, 1 on a defect."""
+    from .verifier import verify
+    from .verifier_report import print_verifier, write_verifier_json
+
+    report = verify()
+    print_verifier(report)
+    if args.json:
+        write_verifier_json(report, args.json)
+    return EXIT_OK if report.clean else EXIT_NOT_LOSSLESS
 
 
 def _mutants(args) -> int:
@@ -321,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
             return _gate(args)
         if args.command == "mutants":
             return _mutants(args)
+        if args.command == "verifier":
+            return _verifier(args)
         if args.command == "repro":
             return _repro(args)
         if args.command in ("sweep", "bisect"):

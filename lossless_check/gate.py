@@ -37,7 +37,7 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
          samples: int = 5_000, alpha: float = 1e-6, seed: int = 0, scenario: str | None = None, workers: int = 1,
          progress: Callable[[int], None] | None = None, sequential: bool = True, batch_size: int | None = None,
          return_result: bool = False, generate_samples: int = 400, repro_dir: str | Path | None = None,
-         resume: bool = False, backend: str = "local", address: str | None = None):
+         resume: bool = False, backend: str = "local", address: str | None = None, verifier: bool = True):
     """Run ``generator_spec`` over a warper matrix, write the three reports into ``out_dir``, return the exit code.
 
     ``scenario=None``: the default scenario, plus the matrix's real-world cases in the first mode
@@ -53,6 +53,7 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
     reproduction script there for every failing case that has one (:func:`lossless_check.repro.write_repros`).
     Finished cases are journaled in ``out_dir`` (:data:`JOURNAL_NAME`); ``resume`` runs only the others.
     An interrupted gate writes its reports with what finished and raises :class:`~lossless_check.api.RunInterrupted`.
+    ``verifier`` (default): the last row is the exact check of the installed ``_speculative_sampling``.
     """
     from .adapters import resolve_generator
     from .api import DEFAULT_SCENARIO, RunInterrupted, real_world_cases, resolve_scenario, run_cases
@@ -76,7 +77,7 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
     try:
         result = run_cases(cases, samples, alpha, seed, workers, progress, sequential=sequential,
                            batch_size=batch_size, samples_by_mode=by_mode, journal=journal, backend=backend,
-                           address=address)
+                           address=address, verifier=verifier)
     except RunInterrupted as stopped:
         write_reports(stopped.partial, out_dir, title=generator_spec)
         raise

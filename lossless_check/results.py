@@ -103,6 +103,10 @@ class CaseResult:
     seconds: float = 0.0
     samples_per_second: float | None = None
     exact_failure: bool = False
+    # Every exact failure with its cause (:mod:`lossless_check.attribution`): ``{"check", "cause":
+    # "verifier" | "generator", "position", "trials", ...}``; verifier-caused trials are set aside.
+    exact_failures: list[dict] = field(default_factory=list)
+    verifier_set_aside: int = 0
 
     @property
     def vacuous(self) -> bool:
@@ -126,7 +130,7 @@ class CaseResult:
 
     def explain(self) -> str:
         """One-line reason for the verdict."""
-        if self.verdict in ("error", "skipped"):
+        if self.verdict in ("error", "skipped") or self.mode == "verifier":
             return self.reason
         parts = []
         evidence = self._evidence()
@@ -165,6 +169,11 @@ class CaseResult:
                              f"there with power {POWER}")
         if evidence and self.verdict != "vacuous":
             parts.append(evidence)
+        aside = [e for e in self.exact_failures if e["cause"] == "verifier"]
+        if aside:
+            parts.append(f"{self.verifier_set_aside} trials set aside, caused by the verifier: it accepted a draft the "
+                         f"target gives probability 0 ({aside[0]['where'].rsplit('/', 1)[-1]} `{aside[0]['rule']}`, "
+                         f"probability 2^-24 per such draft); the verdict rests on the other trials")
         if self.expected_acceptance_rate is None and self.acceptance_rate is not None:
             parts.append(f"acceptance rate {self.acceptance_rate:.3f} (no theory: drafts of varying length)")
         if self.expected_acceptance_rate is not None:

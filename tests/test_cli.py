@@ -31,7 +31,7 @@ def test_bad_input_exits_2_with_one_line(argv, message, capsys):
 def test_mutant_exits_1_and_lossless_exits_0_with_schema(tmp_path, capsys):
     out = tmp_path / "out.json"
     code = main(["run", "--generator", "DFlashTokenCandidateGenerator", "--generator", MUTANT, "--warpers", "top_k=3",
-                 "--scenario", "iid8", "--samples", "5000", "--json", str(out), "--quiet"])
+                 "--scenario", "iid8", "--samples", "5000", "--json", str(out), "--quiet", "--no-verifier"])
     assert code == 1
     doc = json.loads(out.read_text())
     for key in ("transformers_version", "torch_version", "alpha_family", "seed", "cases"):
@@ -56,7 +56,7 @@ def test_list_shows_installed_generators(capsys):
 def test_detect_tv_sizes_the_run(tmp_path):
     out = tmp_path / "out.json"
     code = main(["run", "--generator", "DFlashTokenCandidateGenerator", "--warpers", "top_k=3", "--scenario", "iid8",
-                 "--detect-tv", "0.4", "--json", str(out), "--quiet"])
+                 "--detect-tv", "0.4", "--json", str(out), "--quiet", "--no-verifier"])
     assert code == 0
     case = json.loads(out.read_text())["cases"][0]
     assert case["tv_detectable"] <= 0.4 and case["samples"] < 1000
@@ -70,7 +70,7 @@ def test_a_generator_error_exits_1_and_a_harness_bug_exits_3(tmp_path, monkeypat
     monkeypatch.syspath_prepend(str(tmp_path))
     out = tmp_path / "out.json"
     code = main(["run", "--generator", "raising_factory:make", "--warpers", "none", "--samples", "200",
-                 "--json", str(out), "--quiet"])
+                 "--json", str(out), "--quiet", "--no-verifier"])
     assert code == 1
     case = json.loads(out.read_text())["cases"][0]
     assert case["verdict"] == "error" and "the user factory is broken" in case["reason"]
@@ -102,7 +102,7 @@ def test_bad_usage_is_reported_before_torch_is_imported():
 def test_gate_prints_the_verdict_table_and_where_the_reports_are(tmp_path, capsys):
     out = tmp_path / "gate"
     code = main(["gate", "--generator", "DFlashTokenCandidateGenerator", "--matrix", "smoke", "--samples", "300",
-                 "--scenario", "iid8", "--out", str(out) + "/", "--quiet"])
+                 "--scenario", "iid8", "--out", str(out) + "/", "--quiet", "--no-verifier"])
     assert code == 0
     printed = capsys.readouterr().out
     assert "verdict" in printed and "DFlashTokenCandidateGenerator" in printed and "6 lossless" in printed  # step, generate

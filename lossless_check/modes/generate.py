@@ -44,6 +44,7 @@ import torch
 
 from ..adapters import DraftContext
 from ..adapters.assisted import constant_drafts
+from ..attribution import attribute, watching_verifier, without
 from ..analysis import position_tests, sequential_evidence, stop_sequentially, strata
 from ..engine import guarded, run_in_chunks
 from ..errors import GeneratorFailure
@@ -132,6 +133,13 @@ class Generations:
     rounds: np.ndarray
     violates: np.ndarray
     seconds: float
+    # ``aside[t]``: the output position of a draft the verifier accepted with its own p = 0 in sample
+    # ``t`` (:func:`~lossless_check.attribution.watching_verifier`), else -1.
+    aside: np.ndarray | None = None
+
+    def __post_init__(self):
+        if self.aside is None:
+            self.aside = np.full(len(self.rounds), -1, dtype=np.int64)
 
     @property
     def stopping_violations(self) -> int:
@@ -139,13 +147,14 @@ class Generations:
 
     @classmethod
     def concatenate(cls, parts: list["Generations"]) -> "Generations":
-        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("emitted", "rounds", "violates")),
-                   sum(p.seconds for p in parts))
+        arrays = {f: np.concatenate([getattr(p, f) for p in parts]) for f in ("emitted", "rounds", "violates", "aside")}
+        return cls(**arrays, seconds=sum(p.seconds for p in parts))
 
     def head(self, trials: int) -> "Generations":
         """The first ``trials`` samples (their share of the time)."""
         share = trials / len(self.rounds) if len(self.rounds) else 0.0
-        return Generations(self.emitted[:trials], self.rounds[:trials], self.violates[:trials], self.seconds * share)
+        return Generations(self.emitted[:trials], self.rounds[:trials], self.violates[:trials], self.seconds * share,
+                           self.aside[:trials])
 
     def before_eos(self, eos: frozenset[int]) -> np.ndarray:
         """``emitted`` with every token after an EOS blanked (-1): plain sampling has no law there, and
@@ -268,14 +277,16 @@ def collect(setup: _Setup, samples: int, max_new_tokens: int, seed: int,
     emitted = np.full((samples, max_new_tokens), -1, dtype=np.int64)
     rounds = np.zeros(samples, dtype=np.int64)
     violates = np.zeros(samples, dtype=bool)
+    aside = np.full(samples, -1, dtype=np.int64)
     prompt_length = setup.prompt_ids.shape[1]
     torch.manual_seed(seed)
     started = time.perf_counter()
     try:
         # _quiet_loading: MTP's generator loads its layers (from_pretrained) at every generate() call.
-        with torch.no_grad(), _quiet_loading():
+        with torch.no_grad(), _quiet_loading(), watching_verifier(prompt_length) as accepted_zero:
             for t in range(samples):
                 before = forwards[0]
+                seen = len(accepted_zero)
                 try:
                     out = setup.target.generate(setup.prompt_ids, generation_config=setup.generation_config,
                                                 **setup.generate_kwargs)
@@ -285,11 +296,12 @@ def collect(setup: _Setup, samples: int, max_new_tokens: int, seed: int,
                 violates[t] = stopping_violation(tokens, max_new_tokens, setup.eos)
                 emitted[t, : min(len(tokens), max_new_tokens)] = tokens[:max_new_tokens]
                 rounds[t] = forwards[0] - before
+                aside[t] = accepted_zero[seen] if len(accepted_zero) > seen else -1
                 if progress is not None:
                     progress(1)
     finally:
         hook.remove()
-    return Generations(emitted, rounds, violates, time.perf_counter() - started)
+    return Generations(emitted, rounds, violates, time.perf_counter() - started, aside)
 
 
 def position_strata(emitted: np.ndarray, position: int, law: Law) -> list[Stratum]:
@@ -392,14 +404,18 @@ def run_generate_case(case: Case, samples: int, seed: int, alpha_case: float, se
 
         def analyse_look(parts: list[Generations], final: bool) -> CaseResult | None:
             gens = Generations.concatenate(parts)
+            # Samples where the verifier accepted a draft of its own p = 0 are its doing: set aside.
+            aside = gens.aside
+            gens = without(gens, aside >= 0)
             if not sequential:
-                return analyse(case, setup, gens, alpha_case)
+                return attribute(analyse(case, setup, gens, alpha_case), aside, stopping=gens.stopping_violations)
             emitted = gens.before_eos(setup.eos)
             log_e, outside_support = sequential_evidence(emitted, case.max_new_tokens, setup.law)
             exact = bool(gens.stopping_violations) or outside_support
-            return stop_sequentially(
+            result = stop_sequentially(
                 lambda trials, alpha: analyse(case, setup, gens if trials is None else gens.head(trials), alpha),
                 log_e, alpha_case, final, exact)
+            return None if result is None else attribute(result, aside, stopping=gens.stopping_violations)
 
         return run_in_chunks(case, samples, seed, sequential, timeout,
                              lambda chunk, size, chunk_seed: collect(setup, size, case.max_new_tokens, chunk_seed),

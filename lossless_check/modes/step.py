@@ -23,6 +23,7 @@ import torch
 
 from ..adapters import DraftContext
 from ..analysis import position_tests, sequential_evidence, stop_sequentially, strata
+from ..attribution import accepted_impossible, attribute, without
 from ..candidates import check_candidates
 from ..compat import speculative_sampling
 from ..engine import guarded, run_in_chunks
@@ -332,13 +333,17 @@ def run_step_case(case: Case, samples: int, seed: int, alpha_case: float, sequen
 
         def analyse(parts: list[Observations], final: bool) -> CaseResult | None:
             obs = Observations.concatenate(parts)
+            # Accepted drafts of target probability 0 are the verifier's doing: set aside (attribution).
+            aside = accepted_impossible(obs.emitted, obs.n_matches, step.laws.target)
+            obs = without(obs, aside >= 0)
             if not sequential:
-                return step.analyse(obs, alpha_case)
+                return attribute(step.analyse(obs, alpha_case), aside, obs.impossible_drafts)
             log_e, outside_support = step.evidence(obs)
             exact = bool(obs.impossible_drafts) or outside_support
-            return stop_sequentially(lambda trials, alpha: step.analyse(obs if trials is None else obs.head(trials),
-                                                                        alpha),
-                                     log_e, alpha_case, final, exact)
+            result = stop_sequentially(lambda trials, alpha: step.analyse(obs if trials is None else obs.head(trials),
+                                                                          alpha),
+                                       log_e, alpha_case, final, exact)
+            return None if result is None else attribute(result, aside, obs.impossible_drafts)
 
         try:
             return run_in_chunks(case, samples, seed, sequential, timeout, collect, analyse)

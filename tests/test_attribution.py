@@ -1,0 +1,99 @@
+"""Exact failures name their cause: an accepted draft of target probability 0 is the verifier's.
+
+transformers 5.x accepts a draft when ``r <= p/q``; float32 ``torch.rand`` returns 0 with probability
+2^-24, and then a draft with ``p = 0`` is emitted. Here ``r = 0`` is forced at the first few such drafts
+of a step-mode run (``torch.rand_like`` patched while the installed verifier runs): the generator, a
+lossless built-in, stays ``lossless`` and the trials are set aside with the verifier named as cause.
+Controls: without the attribution the same run is ``not_lossless`` (the old verdict, blaming the
+generator), and a mutant whose own q is wrong is ``not_lossless`` with cause ``generator``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lossless_check.api import cases_for, run_cases
+
+FORCED = 3
+
+
+@pytest.fixture
+def r_zero_at_impossible_drafts(monkeypatch):
+    """``r = 0`` wherever the verifier's first ratio is 0 (a first draft with p = 0), ``FORCED`` times."""
+    real = torch.rand_like
+    forced = []
+
+    def rand_like(ratio, *args, **kwargs):
+        r = real(ratio, *args, **kwargs)
+        if len(forced) < FORCED and ratio.dim() == 1 and ratio.dtype == torch.float32 and float(ratio[0]) == 0.0:
+            forced.append(1)
+            r = r.clone()
+            r[0] = 0.0
+        return r
+
+    monkeypatch.setattr(torch, "rand_like", rand_like)
+    return forced
+
+
+def _assisted_top_k3(samples=1000):
+    cases = cases_for(["AssistedCandidateGenerator"], "top_k=3", None, "step", "markov8")
+    return run_cases(cases, samples, 1e-6, 0).cases[0]
+
+
+def test_forced_r_0_is_attributed_to_the_verifier(r_zero_at_impossible_drafts):
+    result = _assisted_top_k3()
+    assert len(r_zero_at_impossible_drafts) == FORCED
+    assert result.verdict == "lossless", result.reason
+    assert result.verifier_set_aside == FORCED and result.samples == 1000 - FORCED
+    [entry] = result.exact_failures
+    assert entry["cause"] == "verifier" and entry["check"] == "support" and entry["position"] == 1
+    assert entry["trials"] == FORCED and entry["rate"] == 2.0**-24
+    assert entry["rule"] == "is_accepted = r_i <= probability_ratio" and entry["where"].endswith("utils.py:4479")
+    assert "set aside, caused by the verifier" in result.reason
+
+
+def test_without_attribution_the_same_run_blames_the_generator(r_zero_at_impossible_drafts, monkeypatch):
+    """Negative control: the set-aside is what keeps the generator's verdict honest."""
+    from lossless_check.modes import step
+
+    monkeypatch.setattr(step, "accepted_impossible", lambda emitted, *_: np.full(len(emitted), -1))
+    result = _assisted_top_k3()
+    assert result.verdict == "not_lossless" and "support" in result.failed_checks
+    assert [e["cause"] for e in result.exact_failures] == ["generator"]
+
+
+def test_a_generator_with_a_wrong_q_stays_not_lossless_with_cause_generator():
+    cases = cases_for(["fixtures.mutants.dflash_vocabulary:DFlashTruncatedVocabQ"], "none", None, "step", "iid8")
+    result = run_cases(cases, 1000, 1e-6, 0).cases[0]
+    assert result.verdict == "not_lossless" and "impossible_draft" in result.failed_checks
+    assert result.verifier_set_aside == 0
+    assert {(e["check"], e["cause"]) for e in result.exact_failures} >= {("impossible_draft", "generator")}
+
+
+def _assisted_generate_top_k3():
+    cases = cases_for(["AssistedCandidateGenerator"], "top_k=3", None, "generate", "markov8", max_new_tokens=3)
+    return run_cases(cases, 200, 1e-6, 0).cases[0]
+
+
+def test_generate_mode_attributes_forced_r_0_to_the_verifier(r_zero_at_impossible_drafts):
+    """The real generate() loop: the installed verifier is watched while it runs (its own p), so the
+    sample it made emit a zero-probability draft is set aside with the verifier as cause."""
+    result = _assisted_generate_top_k3()
+    assert len(r_zero_at_impossible_drafts) == FORCED
+    assert result.verdict == "lossless", result.reason
+    assert result.verifier_set_aside == FORCED and result.samples == 200 - FORCED
+    assert {e["cause"] for e in result.exact_failures} == {"verifier"}
+
+
+def test_generate_mode_without_watching_the_verifier_blames_the_generator(r_zero_at_impossible_drafts, monkeypatch):
+    """Negative control of the generate-mode attribution."""
+    import contextlib
+
+    from lossless_check.modes import generate
+
+    monkeypatch.setattr(generate, "watching_verifier", lambda prompt_length: contextlib.nullcontext([]))
+    result = _assisted_generate_top_k3()
+    assert result.verdict == "not_lossless" and "support" in result.failed_checks
+    assert {e["cause"] for e in result.exact_failures} == {"generator"}
