@@ -236,7 +236,7 @@ def ensemble_checks(weight: float = ENSEMBLE_WEIGHT) -> list[VerifierCheck]:
     at_zero = 1 - w  # v/q of a draft with p = 0
     at_half = 1 - w + w * 0.5
     return [
-        run_check(f"DIVERSE: p = 0 draft, r just below 1-w accepts (documented bias)", law,
+        run_check("DIVERSE: p = 0 draft, r just below 1-w accepts (documented bias)", law,
                   [P, P, BONUS], [Q, Q], [4, 0], ["below", TOP], 1, residual(P, Q), [at_zero, at_half],
                   assistant_ensemble_weight=w),
         run_check("DIVERSE: r = v/q rejects", law + "; residual normalize(max(v-q,0)) = normalize(max(p-q,0))",
