@@ -1,4 +1,4 @@
-"""``lossless-check`` command line: ``run``, ``gate``, ``mutants`` and ``list``.
+"""``lossless-check`` command line: ``run``, ``gate``, ``repro``, ``fuzz``, ``mutants`` and ``list``.
 
 Exit codes: 0 every case lossless; 1 at least one case not lossless, or a generator error (a finding
 about the generator); 2 bad usage or input (one line); 3 the harness's own bug; 4 interrupted (SIGINT
@@ -103,9 +103,46 @@ def build_parser() -> argparse.ArgumentParser:
     mutants.add_argument("--alpha", type=probability, default=1e-6)
     mutants.add_argument("--seed", type=int, default=0)
     mutants.add_argument("--json", metavar="PATH")
+    _fuzz_parser(sub)
     sub.add_parser("list", help="generators and the modes that apply on the installed transformers; scenarios; "
                                 "warper catalog and matrices")
     return parser
+
+
+def _fuzz_parser(sub) -> None:
+    from .fuzz import DEFAULT_ALPHA, DEFAULT_DATABASE, DEFAULT_EXAMPLES, DEFAULT_SAMPLES
+
+    fuzz = sub.add_parser("fuzz", help="property-based search (hypothesis) for a warper stack a generator is not "
+                                       "lossless under; prints the minimal one and its reproduce command")
+    fuzz.add_argument("--generator", required=True, metavar="NAME|module:attr")
+    fuzz.add_argument("--examples", type=positive_int, default=DEFAULT_EXAMPLES,
+                      help=f"non-vacuous stacks per pass (exact, then statistical; default {DEFAULT_EXAMPLES})")
+    fuzz.add_argument("--samples", type=positive_int, default=DEFAULT_SAMPLES,
+                      help=f"trials per statistical example (default {DEFAULT_SAMPLES})")
+    fuzz.add_argument("--scenario", default=DEFAULT_SCENARIO, help=f"a fixed-logits scenario (default {DEFAULT_SCENARIO})")
+    fuzz.add_argument("--alpha", type=probability, default=DEFAULT_ALPHA,
+                      help="false-failure rate of the whole search, shrinking included (default 1e-6)")
+    fuzz.add_argument("--seed", type=int, default=0, help="seed of hypothesis and of every example (default 0)")
+    fuzz.add_argument("--database", default=DEFAULT_DATABASE, metavar="DIR",
+                      help=f"hypothesis example database: failing stacks are replayed first (default {DEFAULT_DATABASE})")
+    fuzz.add_argument("--json", metavar="PATH", help="write the result (every stack checked) here")
+    fuzz.add_argument("--quiet", action="store_true", help="no progress")
+
+
+def _fuzz(args) -> int:
+    import json
+
+    from .fuzz import fuzz
+    from .progress import progress_reporter
+
+    with progress_reporter(args.examples, args.quiet) as advance:
+        result = fuzz(args.generator, args.examples, args.samples, args.scenario, args.seed, args.alpha,
+                      args.database, advance)
+    print(result.summary())
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(result.to_dict(), handle, indent=2)
+    return result.exit_code
 
 
 def _precheck(args) -> None:
@@ -280,7 +317,7 @@ def _mutants(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        if args.command in ("run", "gate", "repro"):
+        if args.command in ("run", "gate", "repro", "fuzz"):
             _precheck(args)
         elif args.command == "mutants" and args.json:
             _check_paths(args)
@@ -304,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
             return _mutants(args)
         if args.command == "repro":
             return _repro(args)
+        if args.command == "fuzz":
+            return _fuzz(args)
         return _run(args)
     except UsageError as exc:
         print(f"lossless-check: error: {exc}", file=sys.stderr)

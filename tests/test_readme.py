@@ -32,8 +32,8 @@ def test_the_package_exports_the_public_api_lazily():
     import sys
 
     code = ("import sys, lossless_check as lc; assert 'torch' not in sys.modules; "
-            "assert callable(lc.check) and callable(lc.run) and lc.RunResult and lc.CaseResult; "
+            "assert callable(lc.check) and callable(lc.run) and callable(lc.fuzz) and lc.FuzzResult and lc.RunResult and lc.CaseResult; "
             "assert hasattr(lc.strategies, 'warper_stacks'); print(sorted(lc.__all__))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "['CaseResult', 'RunResult', 'check', 'run', 'strategies']"
+    assert done.stdout.strip() == "['CaseResult', 'FuzzResult', 'RunResult', 'check', 'fuzz', 'run', 'strategies']"
