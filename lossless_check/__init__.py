@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 __all__ = ["CaseResult", "FuzzResult", "RunResult", "check", "fuzz", "run", "strategies"]
 
 _EXPORTS = {"check": ("api", "check"), "run": ("api", "run"), "CaseResult": ("results", "CaseResult"),
-            "RunResult": ("results", "RunResult"), "fuzz": ("fuzz", "fuzz"), "FuzzResult": ("fuzz", "FuzzResult")}
+            "RunResult": ("results", "RunResult"), "fuzz": ("fuzzing", "fuzz"), "FuzzResult": ("fuzzing", "FuzzResult")}
 
 
 def __getattr__(name: str):

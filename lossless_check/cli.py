@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _fuzz_parser(sub) -> None:
-    from .fuzz import DEFAULT_ALPHA, DEFAULT_DATABASE, DEFAULT_EXAMPLES, DEFAULT_SAMPLES
+    from .fuzzing import DEFAULT_ALPHA, DEFAULT_DATABASE, DEFAULT_EXAMPLES, DEFAULT_SAMPLES
 
     fuzz = sub.add_parser("fuzz", help="property-based search (hypothesis) for a warper stack a generator is not "
                                        "lossless under; prints the minimal one and its reproduce command")
@@ -132,7 +132,7 @@ def _fuzz_parser(sub) -> None:
 def _fuzz(args) -> int:
     import json
 
-    from .fuzz import fuzz
+    from .fuzzing import fuzz
     from .progress import progress_reporter
 
     with progress_reporter(args.examples, args.quiet) as advance:

@@ -206,14 +206,14 @@ class Lossless:
 
     def fuzz(self, generator: str | type, examples: int | None = None, samples: int | None = None,
              scenario: str = "markov8", database: str | None = None):
-        """Fuzz ``generator`` over random warper stacks (:func:`lossless_check.fuzz.fuzz`) as one check of
+        """Fuzz ``generator`` over random warper stacks (:func:`lossless_check.fuzzing.fuzz`) as one check of
         this test: the whole search, shrinking included, spends this check's share of the session's alpha.
 
-        ``examples`` and ``samples`` default to :mod:`lossless_check.fuzz`'s defaults; ``database``
+        ``examples`` and ``samples`` default to :mod:`lossless_check.fuzzing`'s defaults; ``database``
         (hypothesis's example database directory) defaults to ``.lossless-fuzz``. Returns a
-        :class:`~lossless_check.fuzz.FuzzResult`.
+        :class:`~lossless_check.fuzzing.FuzzResult`.
         """
-        from . import fuzz as fuzzing
+        from . import fuzzing
 
         self._checks += 1
         alpha = self._state.alpha_for(self._nodeid, self._checks)
