@@ -119,12 +119,14 @@ def _fuzz_parser(sub) -> None:
                       help=f"non-vacuous stacks per pass (exact, then statistical; default {DEFAULT_EXAMPLES})")
     fuzz.add_argument("--samples", type=positive_int, default=DEFAULT_SAMPLES,
                       help=f"trials per statistical example (default {DEFAULT_SAMPLES})")
-    fuzz.add_argument("--scenario", default=DEFAULT_SCENARIO, help=f"a fixed-logits scenario (default {DEFAULT_SCENARIO})")
+    fuzz.add_argument("--scenario", default=DEFAULT_SCENARIO,
+                      help=f"a fixed-logits scenario (default {DEFAULT_SCENARIO})")
     fuzz.add_argument("--alpha", type=probability, default=DEFAULT_ALPHA,
                       help="false-failure rate of the whole search, shrinking included (default 1e-6)")
     fuzz.add_argument("--seed", type=int, default=0, help="seed of hypothesis and of every example (default 0)")
     fuzz.add_argument("--database", default=DEFAULT_DATABASE, metavar="DIR",
-                      help=f"hypothesis example database: failing stacks are replayed first (default {DEFAULT_DATABASE})")
+                      help="hypothesis example database: failing stacks are replayed first "
+                           f"(default {DEFAULT_DATABASE})")
     fuzz.add_argument("--json", metavar="PATH", help="write the result (every stack checked) here")
     fuzz.add_argument("--quiet", action="store_true", help="no progress")
 

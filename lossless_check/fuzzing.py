@@ -5,9 +5,10 @@
     result = lc.fuzz("DFlashTokenCandidateGenerator")      # -> FuzzResult
     print(result.summary()); assert result.verdict == "lossless"
 
-Each example is one stack of :func:`~lossless_check.strategies.warper_stacks` (every catalog option
-present with probability :data:`PRESENCE_ODDS` = 2 to 1, so a given triple of options is in an example's
-stack with probability 8/27, were hypothesis's draws independent) on one fixed-logits scenario. The search runs in two passes over the same budget:
+Each example is one stack of :func:`~lossless_check.strategies.warper_stacks` (every catalog
+option present with probability 2/3, :data:`PRESENCE_ODDS`: a given triple of options is in an
+example's stack with probability 8/27, were hypothesis's draws independent) on one fixed-logits
+scenario. The search runs in two passes over the same budget:
 
 1. **exact**: the provenance check (:func:`~lossless_check.modes.provenance.provenance_check`,
    zero false failures) of every example, where the family returns a q. A failure is shrunk, by
@@ -94,7 +95,8 @@ class FuzzResult:
         power = (f"; each detects TV >= {max(detectable):.3f} at position 1 with power 0.99 (worst example)"
                  if detectable else "")
         evidence = (f"{len(self.records) - vacuous} stacks checked ({vacuous} vacuous ones skipped), "
-                    f"{len(statistical)} statistical tests spending alpha {self.alpha_spent:.3g} <= {self.alpha:g}{power}; "
+                    f"{len(statistical)} statistical tests spending alpha {self.alpha_spent:.3g} <= {self.alpha:g}"
+                    f"{power}; "
                     f"{self.seconds:.0f} s")
         if self.verdict == "lossless":
             return f"{self.generator}: lossless on {self.examples} examples of random warper stacks ({evidence})"
@@ -164,8 +166,8 @@ class _Examiner:
             alpha = alpha_of_test(self.alpha, self.tests)
             result = run_cases([self.case(stack)], self.samples, alpha, self.seed).cases[0]
             record.update(verdict=result.verdict, alpha=alpha, reason=result.reason, p_value=result.p_value,
-                          tv=result.tv, tv_detectable=result.tv_detectable, seconds=result.seconds, planned=self.samples,
-                          samples=result.samples)
+                          tv=result.tv, tv_detectable=result.tv_detectable, seconds=result.seconds,
+                          planned=self.samples, samples=result.samples)
             self.progress(result.samples)
         return record
 
@@ -248,7 +250,8 @@ def fuzz(generator: str, examples: int = DEFAULT_EXAMPLES, samples: int = DEFAUL
     started = time.perf_counter()
     examiner = _Examiner(generator, scenario, samples, alpha, seed, progress or (lambda trials: None))
     identity = f"lossless-fuzz|{generator}|{scenario}"
-    found = _search(examiner, lambda s: _exact_failure(examiner.exact(s)), identity + "|exact", examples, seed, database)
+    found = _search(examiner, lambda s: _exact_failure(examiner.exact(s)), identity + "|exact", examples, seed,
+                    database)
     mode = "provenance"
     if found is None:
         found = _search(examiner, lambda s: _exact_failure(examiner.exact(s)) or _statistical_failure(
