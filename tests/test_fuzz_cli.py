@@ -2,6 +2,7 @@
 every statistical test (shrinking's included), failing stacks replayed from the database."""
 
 import json
+import shlex
 import time
 
 import pytest
@@ -12,7 +13,7 @@ from lossless_check.cli import main
 from lossless_check.warpers import parse_warpers
 
 THREE_WAY = ["AssistedWrongUnderTemperatureTopKRepetition", "DFlashWrongUnderNgramRepetitionTopP",
-             "DFlashWrongUnderMinPTypicalSuppress"]
+             "DFlashWrongUnderTypicalBiasSuppress"]
 
 
 @pytest.mark.parametrize("name", THREE_WAY)
@@ -29,12 +30,12 @@ def test_default_budget_finds_a_three_way_bug_and_prints_exactly_its_three_optio
     assert f"--warpers {result['stack']}" in out and "reproduce: lossless-check run" in out
     assert seconds <= 180, seconds
     # The reproduce command repeats the failure.
-    command = result["reproduce"].split()[2:]
+    command = shlex.split(result["reproduce"])[1:]
     assert main(command[:command.index("--seed")] + ["--quiet"]) == 1
 
 
 def test_a_failing_stack_is_replayed_first_from_the_database(tmp_path):
-    generator = "fixtures.three_way:DFlashWrongUnderMinPTypicalSuppress"
+    generator = "fixtures.three_way:DFlashWrongUnderTypicalBiasSuppress"
     first = fuzzing.fuzz(generator, database=str(tmp_path))
     again = fuzzing.fuzz(generator, database=str(tmp_path))
     assert again.stack == first.stack and again.records[0]["stack"] == first.stack
