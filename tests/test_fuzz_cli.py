@@ -27,7 +27,7 @@ def test_default_budget_finds_a_three_way_bug_and_prints_exactly_its_three_optio
     result = json.loads(report.read_text())
     assert code == 1 and result["verdict"] == "not_lossless", out
     assert set(parse_warpers(result["stack"])) - {"eos_token_id"} == set(getattr(three_way, name).TRIGGER), out
-    assert f"--warpers {result['stack']}" in out and "reproduce: lossless-check run" in out
+    assert f"--warpers {shlex.quote(result['stack'])}" in out and "reproduce: lossless-check run" in out
     assert seconds <= 180, seconds
     # The reproduce command repeats the failure.
     command = shlex.split(result["reproduce"])[1:]
