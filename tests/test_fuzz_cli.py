@@ -16,6 +16,7 @@ THREE_WAY = ["AssistedWrongUnderTemperatureTopKRepetition", "DFlashWrongUnderNgr
              "DFlashWrongUnderTypicalBiasSuppress"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", THREE_WAY)
 def test_default_budget_finds_a_three_way_bug_and_prints_exactly_its_three_options(name, tmp_path, capsys):
     report = tmp_path / "fuzz.json"
@@ -46,6 +47,7 @@ def test_spending_sums_below_alpha():
     assert sum(fuzzing.alpha_of_test(alpha, k) for k in range(1, tests + 1)) <= alpha
 
 
+@pytest.mark.slow
 def test_statistical_search_and_its_shrinking_spend_the_split_alpha(monkeypatch):
     """With the exact check off, the bug is found by statistics and shrunk by statistics: every
     statistical test made, shrinking's included, ran at alpha_k, and together they spend <= alpha."""
