@@ -6,16 +6,17 @@ The public API (everything else is internal)::
 
     result = lc.check("DFlashTokenCandidateGenerator", warpers="top_k=3")   # -> CaseResult
     run = lc.run(["AssistedCandidateGenerator"], matrix="smoke")           # -> RunResult
+    lc.fuzz("DFlashTokenCandidateGenerator")                               # -> FuzzResult
     lc.strategies.warper_stacks()                                          # hypothesis strategies
 
 Importing this package is cheap; torch and transformers load when a check runs.
 """
 
 __version__ = "0.1.0"
-__all__ = ["CaseResult", "RunResult", "check", "run", "strategies"]
+__all__ = ["CaseResult", "FuzzResult", "RunResult", "check", "fuzz", "run", "strategies"]
 
 _EXPORTS = {"check": ("api", "check"), "run": ("api", "run"), "CaseResult": ("results", "CaseResult"),
-            "RunResult": ("results", "RunResult")}
+            "RunResult": ("results", "RunResult"), "fuzz": ("fuzzing", "fuzz"), "FuzzResult": ("fuzzing", "FuzzResult")}
 
 
 def __getattr__(name: str):

@@ -1,4 +1,5 @@
-"""``lossless-check`` command line: ``run``, ``gate``, ``verifier``, ``repro``, ``mutants`` and ``list``.
+"""``lossless-check`` command line: ``run``, ``gate``, ``verifier``, ``repro``, ``fuzz``, ``sweep``, ``bisect``,
+``mutants`` and ``list``.
 
 Exit codes: 0 every case lossless; 1 at least one case not lossless, or a generator error (a finding
 about the generator); 2 bad usage or input (one line); 3 the harness's own bug; 4 interrupted (SIGINT
@@ -116,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .sweep import add_history_commands
 
     add_history_commands(sub, MATRICES, DEFAULT_SCENARIO, DEFAULT_SAMPLES)
+    from .fuzz_command import add_fuzz_command
+
+    add_fuzz_command(sub, DEFAULT_SCENARIO)
     sub.add_parser("list", help="generators and the modes that apply on the installed transformers; scenarios; "
                                 "warper catalog and matrices")
     return parser
@@ -314,7 +318,7 @@ def _mutants(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        if args.command in ("run", "gate", "repro"):
+        if args.command in ("run", "gate", "repro", "fuzz"):
             _precheck(args)
         elif args.command == "mutants" and args.json:
             _check_paths(args)
@@ -348,6 +352,10 @@ def main(argv: list[str] | None = None) -> int:
             from .sweep import history_command
 
             return history_command(args)
+        if args.command == "fuzz":
+            from .fuzz_command import fuzz_command
+
+            return fuzz_command(args)
         return _run(args)
     except UsageError as exc:
         print(f"lossless-check: error: {exc}", file=sys.stderr)

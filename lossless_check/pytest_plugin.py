@@ -214,3 +214,28 @@ class Lossless:
         if result.verdict != "lossless":
             pytest.fail(failure_message(result, command), pytrace=False)
         return result
+
+    def fuzz(self, generator: str | type, examples: int | None = None, samples: int | None = None,
+             scenario: str = "markov8", database: str | None = None):
+        """Fuzz ``generator`` over random warper stacks (:func:`lossless_check.fuzzing.fuzz`) as one check of
+        this test: the whole search, shrinking included, spends this check's share of the session's alpha.
+
+        ``examples`` and ``samples`` default to :mod:`lossless_check.fuzzing`'s defaults; ``database``
+        (hypothesis's example database directory) defaults to ``.lossless-fuzz``. Returns a
+        :class:`~lossless_check.fuzzing.FuzzResult`.
+        """
+        from . import fuzzing
+
+        self._checks += 1
+        alpha = self._state.alpha_for(self._nodeid, self._checks)
+        spec = generator if isinstance(generator, str) else f"{generator.__module__}:{generator.__qualname__}"
+        return fuzzing.fuzz(spec, examples or fuzzing.DEFAULT_EXAMPLES, samples or fuzzing.DEFAULT_SAMPLES, scenario,
+                            self._state.seed, alpha, database or fuzzing.DEFAULT_DATABASE)
+
+    def assert_fuzz_lossless(self, generator: str | type, examples: int | None = None, samples: int | None = None,
+                             scenario: str = "markov8", database: str | None = None):
+        """:meth:`fuzz`, then fail the test with the minimal failing stack and its reproduce command."""
+        result = self.fuzz(generator, examples, samples, scenario, database)
+        if result.verdict != "lossless":
+            pytest.fail(result.summary(), pytrace=False)
+        return result

@@ -97,14 +97,17 @@ OPTIONS: tuple[str, ...] = tuple(_parameters(DEFAULT.vocab_size))
 
 
 def warper_stacks(vocab_size: int = DEFAULT.vocab_size, *, history: int = HISTORY, max_banned: int | None = None,
-                  eos_token_id: int = EOS, options: Iterable[str] | None = None) -> st.SearchStrategy[dict[str, Any]]:
+                  eos_token_id: int = EOS, options: Iterable[str] | None = None,
+                  presence_odds: int = 1) -> st.SearchStrategy[dict[str, Any]]:
     """Random warper stacks: ``GenerationConfig`` kwargs dicts (``{}`` is plain sampling).
 
     ``options`` defaults to the catalog options the installed ``GenerationConfig`` has
     (:func:`~lossless_check.matrix.available_catalog`). Token ids lie in ``[0, vocab_size)``;
     ``min_new_tokens`` and ``exponential_decay_length_penalty`` come with ``eos_token_id``. The
     banning options mask at most ``max_banned`` tokens of any row (default ``vocab_size - 1``)
-    after a history of up to ``history`` tokens (prompt plus generated).
+    after a history of up to ``history`` tokens (prompt plus generated). Each option is present with
+    probability ``presence_odds / (presence_odds + 1)`` (default 1/2); absence is the simpler choice
+    either way, so shrinking drops warpers.
     """
     names = tuple(e.option for e in available_catalog()) if options is None else tuple(options)
     unknown = [n for n in names if n not in OPTIONS]
@@ -115,6 +118,8 @@ def warper_stacks(vocab_size: int = DEFAULT.vocab_size, *, history: int = HISTOR
         raise ValueError(f"max_banned={budget} is too small for the banning options among {names}")
 
     parameters = _parameters(vocab_size)
+    # An integer in [0, odds] shrinks towards 0, absent; 1 keeps the plain coin of earlier versions.
+    flag = st.booleans() if presence_odds == 1 else st.integers(0, presence_odds).map(bool)
 
     @st.composite
     def stacks(draw) -> dict[str, Any]:
@@ -122,7 +127,7 @@ def warper_stacks(vocab_size: int = DEFAULT.vocab_size, *, history: int = HISTOR
         # keeps its place and its constraints, so the shrinker can drop a warper by clearing its flag.
         # Flags go in reverse catalog order: of several one-warper failures the shrinker reports the
         # one whose flag comes last, i.e. the earliest catalog entry (temperature, top_k, ...).
-        chosen = {name for name in reversed(names) if draw(st.booleans())}
+        chosen = {name for name in reversed(names) if draw(flag)}
         # Each explicit banning option bans at least one token: reserve that before sizing the others.
         left = budget - sum(n in chosen for n in EXPLICIT_BANS)
         stack: dict[str, Any] = {}

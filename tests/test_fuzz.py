@@ -2,36 +2,32 @@
 
 - every drawn stack survives ``format_warpers`` -> ``parse_warpers``, and garbage specs never crash
   the parser;
-- the real ``DFlashTokenCandidateGenerator`` is lossless under random stacks: a statistical
-  step-mode run per example, plus the exact provenance check (also on random logits tables);
+- the real ``DFlashTokenCandidateGenerator`` passes :func:`lossless_check.fuzz` (exact provenance
+  and a statistical step-mode run per example), and the exact provenance check on random logits tables;
 - against the negative controls (raw logits returned; repetition penalty left out of sampling only),
-  hypothesis finds an inconsistent stack and shrinks it to a single warper, which a full
-  statistical run (5000 samples, ``iid8``) then flags.
+  ``fuzz`` finds an inconsistent stack and shrinks it to a single warper, which a full statistical
+  run (5000 samples, ``iid8``) then flags.
 
-Error rate of the statistical property: it runs ``STATISTICAL_EXAMPLES`` examples (a fifth of the
-profile's budget: one example costs 50 to 100 exact ones) and tests each at
-``ALPHA_FAMILY / STATISTICAL_EXAMPLES`` (Bonferroni over its example budget). Hypothesis stops
-generating after ``max_examples`` valid examples, and shrinking only starts after a first failure,
-so a passing run makes at most ``STATISTICAL_EXAMPLES`` tests and the probability that a correct
-generator fails the property is at most ``ALPHA_FAMILY``.
+Error rate of the statistical property: ``fuzz`` spends ``ALPHA_FAMILY`` over every statistical test
+it makes, ``alpha_k = ALPHA_FAMILY * 6 / (pi**2 k**2)`` for the k-th (see :mod:`lossless_check.fuzzing`).
 
-Power: at ``SAMPLES`` trials an example detects a total variation of about 0.25 (each result states
+Power: at ``SAMPLES`` trials an example detects a total variation of about 0.25 (each record states
 its own); exact support violations are caught at any sample count. Drafter-contract bugs smaller
-than that (the raw-logits bug moves the output law by a TV of 0.05-0.1 on ``markov8``) are left to
-the exact provenance half.
+than that are left to the exact provenance pass. ``tests/test_fuzz_cli.py`` runs the default budget.
 """
 
 import pytest
-from hypothesis import find, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lossless_check.adapters import resolve_generator
+from lossless_check.fuzzing import fuzz
 from lossless_check.errors import UsageError
 from lossless_check.modes.provenance import provenance_check
 from lossless_check.api import run_cases as run
 from lossless_check.results import Case
 from lossless_check.scenarios import DEFAULT, IID
-from lossless_check.strategies import OPTIONS, informative_stacks, scenarios, stack_options, warper_stacks
+from lossless_check.strategies import OPTIONS, scenarios, stack_options, warper_stacks
 from lossless_check.warpers import format_warpers, parse_warpers
 
 GENERATOR = "DFlashTokenCandidateGenerator"
@@ -88,14 +84,9 @@ def test_garbage_spec_is_refused_or_parsed(spec):
     assert isinstance(parsed, dict)
 
 
-@settings(max_examples=STATISTICAL_EXAMPLES)
-@given(informative_stacks())
-def test_dflash_is_lossless_under_random_stacks(stack):
-    case = Case(resolve_generator(GENERATOR), stack, scenario=DEFAULT)
-    result = run([case], SAMPLES, ALPHA_FAMILY / STATISTICAL_EXAMPLES, seed=0, sequential=False).cases[0]
-    assert result.verdict == "lossless", f"{format_warpers(stack)}: {result.reason}"
-    provenance = provenance_check(case, trials=3)
-    assert provenance.verdict == "consistent", f"{format_warpers(stack)}: {provenance.reason}"
+def test_dflash_is_lossless_under_random_stacks():
+    result = fuzz(GENERATOR, examples=STATISTICAL_EXAMPLES, samples=SAMPLES, alpha=ALPHA_FAMILY, database=None)
+    assert result.verdict == "lossless", result.summary()
 
 
 @given(warper_stacks(max_banned=DEFAULT.vocab_size - 1 - MASKED), scenarios(target_masked=MASKED, drafter_masked=MASKED))
@@ -107,15 +98,9 @@ def test_dflash_provenance_on_random_tables(stack, scenario):
 @pytest.mark.parametrize("mutant_spec", MUTANTS, ids=lambda spec: spec.rsplit(":", 1)[1])
 def test_mutant_failure_shrinks_to_one_warper(mutant_spec):
     mutant = resolve_generator(mutant_spec)
-    verdicts = {}  # shrinking revisits equal stacks (it also simplifies the parameters of absent warpers)
-
-    def inconsistent(stack) -> bool:
-        spec = format_warpers(stack)
-        if spec not in verdicts:
-            verdicts[spec] = provenance_check(Case(mutant, stack, scenario=DEFAULT), trials=1).verdict
-        return verdicts[spec] == "inconsistent"
-
-    minimal = find(warper_stacks(), inconsistent, settings=settings())
+    found = fuzz(mutant_spec, samples=SAMPLES, alpha=ALPHA_FAMILY, database=None)
+    assert found.verdict == "not_lossless" and "--mode provenance" in found.reproduce, found.summary()
+    minimal = parse_warpers(found.stack)
     assert len(stack_options(minimal)) == 1, minimal
     # Minimal indeed: without warpers the mutant's returned logits are what it sampled from.
     assert provenance_check(Case(mutant, {}, scenario=DEFAULT), trials=1).verdict == "consistent"

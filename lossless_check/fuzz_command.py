@@ -1,0 +1,45 @@
+"""``lossless-check fuzz``: the CLI of :mod:`lossless_check.fuzzing` (nothing heavy imported to build it)."""
+
+from __future__ import annotations
+
+from .options import positive_int, probability
+
+
+def add_fuzz_command(sub, default_scenario: str) -> None:
+    """The ``fuzz`` subcommand of the CLI."""
+    from .fuzzing import DEFAULT_ALPHA, DEFAULT_DATABASE, DEFAULT_EXAMPLES, DEFAULT_SAMPLES
+
+    fuzz = sub.add_parser("fuzz", help="property-based search (hypothesis) for a warper stack a generator is not "
+                                       "lossless under; prints the minimal one and its reproduce command")
+    fuzz.add_argument("--generator", required=True, metavar="NAME|module:attr")
+    fuzz.add_argument("--examples", type=positive_int, default=DEFAULT_EXAMPLES,
+                      help=f"non-vacuous stacks per pass (exact, then statistical; default {DEFAULT_EXAMPLES})")
+    fuzz.add_argument("--samples", type=positive_int, default=DEFAULT_SAMPLES,
+                      help=f"trials per statistical example (default {DEFAULT_SAMPLES})")
+    fuzz.add_argument("--scenario", default=default_scenario,
+                      help=f"a fixed-logits scenario (default {default_scenario})")
+    fuzz.add_argument("--alpha", type=probability, default=DEFAULT_ALPHA,
+                      help="false-failure rate of the whole search, shrinking included (default 1e-6)")
+    fuzz.add_argument("--seed", type=int, default=0, help="seed of hypothesis and of every example (default 0)")
+    fuzz.add_argument("--database", default=DEFAULT_DATABASE, metavar="DIR",
+                      help="hypothesis example database: failing stacks are replayed first "
+                           f"(default {DEFAULT_DATABASE})")
+    fuzz.add_argument("--json", metavar="PATH", help="write the result (every stack checked) here")
+    fuzz.add_argument("--quiet", action="store_true", help="no progress")
+
+
+def fuzz_command(args) -> int:
+    """Exit 0 when no stack was found that the generator is not lossless under, 1 when one was."""
+    import json
+
+    from .fuzzing import fuzz
+    from .journal import write_atomically
+    from .progress import progress_reporter
+
+    with progress_reporter(args.examples, args.quiet) as advance:
+        result = fuzz(args.generator, args.examples, args.samples, args.scenario, args.seed, args.alpha,
+                      args.database, advance)
+    print(result.summary())
+    if args.json:
+        write_atomically(args.json, json.dumps(result.to_dict(), indent=2) + "\n")
+    return result.exit_code

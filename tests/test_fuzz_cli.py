@@ -1,0 +1,93 @@
+"""``lossless-check fuzz`` / ``lc.fuzz``: three-way interactions found and shrunk, alpha split over
+every statistical test (shrinking's included), failing stacks replayed from the database."""
+
+import json
+import shlex
+import time
+
+import pytest
+
+from fixtures import three_way
+from lossless_check import fuzzing
+from lossless_check.cli import main
+from lossless_check.warpers import parse_warpers
+
+THREE_WAY = ["AssistedWrongUnderTemperatureTopKRepetition", "DFlashWrongUnderNgramRepetitionTopP",
+             "DFlashWrongUnderTypicalBiasSuppress"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", THREE_WAY)
+def test_default_budget_finds_a_three_way_bug_and_prints_exactly_its_three_options(name, tmp_path, capsys):
+    report = tmp_path / "fuzz.json"
+    started = time.process_time()  # CPU seconds: the machine's other load does not count
+    code = main(["fuzz", "--generator", f"fixtures.three_way:{name}", "--database", str(tmp_path / "db"),
+                 "--json", str(report), "--quiet"])
+    seconds = time.process_time() - started
+    out = capsys.readouterr().out
+    result = json.loads(report.read_text())
+    assert code == 1 and result["verdict"] == "not_lossless", out
+    assert set(parse_warpers(result["stack"])) - {"eos_token_id"} == set(getattr(three_way, name).TRIGGER), out
+    assert f"--warpers {shlex.quote(result['stack'])}" in out and "reproduce: lossless-check run" in out
+    assert seconds <= 180, seconds
+    # The reproduce command repeats the failure.
+    command = shlex.split(result["reproduce"])[1:]
+    assert main(command[:command.index("--seed")] + ["--quiet"]) == 1
+
+
+def test_a_failing_stack_is_replayed_first_from_the_database(tmp_path):
+    generator = "fixtures.three_way:DFlashWrongUnderTypicalBiasSuppress"
+    first = fuzzing.fuzz(generator, database=str(tmp_path))
+    again = fuzzing.fuzz(generator, database=str(tmp_path))
+    assert again.stack == first.stack and again.records[0]["stack"] == first.stack
+
+
+def test_spending_sums_below_alpha():
+    alpha, tests = 0.01, 100_000
+    assert sum(fuzzing.alpha_of_test(alpha, k) for k in range(1, tests + 1)) <= alpha
+
+
+@pytest.mark.slow
+def test_statistical_search_and_its_shrinking_spend_the_split_alpha(monkeypatch):
+    """With the exact check off, the bug is found by statistics and shrunk by statistics: every
+    statistical test made, shrinking's included, ran at alpha_k, and together they spend <= alpha."""
+    def no_exact(self, stack):
+        record = self.record(stack)
+        record.setdefault("exact", "not_applicable")
+        return record
+
+    monkeypatch.setattr(fuzzing._Examiner, "exact", no_exact)
+    alpha = 1e-6
+    result = fuzzing.fuzz("fixtures.three_way:DFlashWrongUnderNgramRepetitionTopP", alpha=alpha, database=None)
+    assert result.verdict == "not_lossless" and "--mode step" in result.reproduce, result.summary()
+    alphas = [r["alpha"] for r in result.records if r.get("alpha") is not None]
+    stats = [r for r in result.records if r.get("alpha") is not None]
+    first = next(i for i, r in enumerate(stats) if r["verdict"] == "not_lossless")
+    assert len(stats) > first + 1  # shrinking made statistical tests of its own
+    assert alphas == [fuzzing.alpha_of_test(alpha, k) for k in range(1, len(alphas) + 1)]
+    assert result.alpha_spent <= alpha
+
+
+def test_builtin_generator_passes_and_states_its_power():
+    result = fuzzing.fuzz("DFlashTokenCandidateGenerator", examples=4, database=None)
+    assert result.verdict == "lossless" and result.exit_code == 0, result.summary()
+    stats = [r for r in result.records if r.get("verdict")]
+    assert stats and all(r["tv_detectable"] <= 0.1 for r in stats)
+    assert not any(r["vacuous"] for r in stats)  # vacuous stacks are no evidence: never tested
+    assert result.alpha_spent <= result.alpha and "detects TV >=" in result.summary()
+
+
+def test_vacuous_criterion():
+    from lossless_check.adapters import resolve_generator
+    from lossless_check.results import Case
+    from lossless_check.scenarios import DEFAULT
+
+    generator = resolve_generator("DFlashTokenCandidateGenerator")
+    assert fuzzing.is_vacuous(Case(generator, {"top_k": 1}, scenario=DEFAULT))
+    assert not fuzzing.is_vacuous(Case(generator, {"top_k": 2}, scenario=DEFAULT))
+
+
+def test_fuzz_usage_errors_are_one_line(capsys):
+    assert main(["fuzz", "--generator", "Nope"]) == 2
+    assert main(["fuzz", "--generator", "DFlashTokenCandidateGenerator", "--examples", "0"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 2
