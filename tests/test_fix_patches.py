@@ -7,9 +7,10 @@ With that copy first on ``PYTHONPATH``:
 
 - (a) the finding's ``repro.py`` exits 0, in the fresh virtual environment of ``clean_python``
   (``tests/test_findings.py`` checks that it exits 1 on the unpatched install);
-- (b) the harness's own run of the affected generator, ``lossless-check run ...`` with this
-  worktree on the path, exits 0 (every case ``lossless``); the same run on the unpatched install
-  exits 1, so the run's sample count is one at which the bug is caught.
+- (b) the harness's own check, with this worktree on the path, exits 0: ``lossless-check run ...``
+  of the affected generator (every case ``lossless``; the same run on the unpatched install is not,
+  so the run's sample count is one at which the bug is caught), or ``lossless-check verifier`` for
+  the verifier's fix (it exits 1 unpatched: ``tests/test_verifier.py``).
 
 The patches are written against 5.24.0. On another installed release a patch that does not apply
 is skipped with its reason; on 5.24.0 it must apply. A lossless run exits 1 with probability at most
@@ -46,9 +47,16 @@ class Fix:
     repro_args: tuple[str, ...]
     harness: dict | None
     unpatched_verdict: str = "not_lossless"
+    #: The harness's own check where it is not a ``run`` of a generator (the verifier's).
+    check: tuple[str, ...] = ()
 
-    def cli_args(self) -> list[str]:
-        return [arg for key, value in self.harness.items() for arg in (f"--{key}", str(value))]
+    def command(self) -> list[str]:
+        """The CLI's check of the fix: a run of the generator (without the verifier's row, which judges
+        another part of the install), or :attr:`check`."""
+        if self.harness is None:
+            return list(self.check)
+        options = [arg for key, value in self.harness.items() for arg in (f"--{key}", str(value))]
+        return ["run", *options, "--no-verifier", "--quiet"]
 
 
 #: finding -> how its fix.patch is judged. The harness runs stop at their first rejection: on
@@ -64,8 +72,8 @@ FIXES = {
     "single_position_greedy_q": Fix(("--samples", "300"), dict(
         generator="SinglePositionMultiTokenCandidateGenerator", warpers="none", mode="step",
         scenario="iid8", samples=400)),
-    # The harness's check of the verifier is `lossless-check verifier`, not `run`: judged by the repro only.
-    "verifier_accepts_zero_probability": Fix((), None),
+    # The harness's check of the verifier is `lossless-check verifier` (exit 0 on the strict fix).
+    "verifier_accepts_zero_probability": Fix((), None, check=("verifier",)),
 }
 
 
@@ -123,15 +131,14 @@ def test_patched_repro_is_lossless(patched, clean_python, tmp_path):
 
 @pytest.mark.slow
 def test_harness_judges_patched_generator_lossless(patched, tmp_path):
-    """(b): the harness's own run of the affected generator, ``lossless-check run``, on the patched copy exits 0."""
+    """(b): the harness's own check of the affected part (``lossless-check run`` of the generator, or
+    ``lossless-check verifier``) on the patched copy exits 0."""
     finding, root = patched
     fix = FIXES[finding]
-    if fix.harness is None:
-        pytest.skip(f"{finding}: the harness checks the verifier with `lossless-check verifier`, not `run`")
     pythonpath = os.pathsep.join((str(root), str(ROOT)))  # the patched transformers, then this worktree
     assert imported_from(sys.executable, pythonpath).is_relative_to(root)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=pythonpath)
-    proc = subprocess.run([sys.executable, "-m", "lossless_check.cli", "run", *fix.cli_args(), "--quiet"],
+    proc = subprocess.run([sys.executable, "-m", "lossless_check.cli", *fix.command()],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 

@@ -72,7 +72,9 @@ def test_builtin_generator_passes_and_states_its_power():
     result = fuzzing.fuzz("DFlashTokenCandidateGenerator", examples=4, database=None)
     assert result.verdict == "lossless" and result.exit_code == 0, result.summary()
     stats = [r for r in result.records if r.get("verdict")]
-    assert stats and all(r["tv_detectable"] <= 0.1 for r in stats)
+    # A stack can turn out vacuous in its trials (no draft ever accepted): it states no power.
+    informative = [r for r in stats if r["verdict"] == "lossless"]
+    assert informative and all(r["tv_detectable"] <= 0.1 for r in informative)
     assert not any(r["vacuous"] for r in stats)  # vacuous stacks are no evidence: never tested
     assert result.alpha_spent <= result.alpha and "detects TV >=" in result.summary()
 

@@ -296,14 +296,15 @@ def test_dflash_without_processors_returns_a_half_precision_q():
 PADDED = "fixtures.mutants.assisted_padded_vocabulary:"
 
 
-@pytest.mark.parametrize("mode, message", [("step", "outside the vocabulary"),
-                                           ("generate", "different tokenizers")])
+# Step mode: whichever comes first in the random stream, a padded draft id or the padded q itself.
+@pytest.mark.parametrize("mode, message", [("step", ("outside the vocabulary", "16 columns for a target vocabulary of 8")),
+                                           ("generate", ("different tokenizers",))])
 def test_assisted_with_a_padded_drafter_is_an_error_as_in_transformers(mode, message):
     """5.24 cannot take the pair: generate() refuses it (utils.py 1910-1918), and the plain generator
     drafts padded ids (23% of the drafter's mass) the target cannot embed."""
     case = lc.check("AssistedCandidateGenerator", warpers="none", scenario="iid8-padded-drafter", mode=mode,
                     samples=500)
-    assert case.verdict == "error" and message in case.reason, case.reason
+    assert case.verdict == "error" and any(m in case.reason for m in message), case.reason
 
 
 def test_padded_q_is_named_as_the_error_the_verifier_raises():

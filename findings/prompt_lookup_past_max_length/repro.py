@@ -434,7 +434,7 @@ def report(case, expected, first, n, tests, failures, alpha, seconds, plain):
         print(f"TV of token 1 from plain sampling: {tv:.4f} (n={total})")
     for k, position in enumerate(tests, 1):
         log_e = sum(t.log_e for t in position.values())
-        p = "0" if math.isinf(log_e) else f"{min(1.0, math.exp(-log_e)):.2g}"
+        p = "0" if math.isinf(log_e) else f"{math.exp(-max(log_e, 0.0)):.2g}"  # min(1, 1/E), no overflow
         print(f"position {k}: {len(position)} prefixes, e-value e^{log_e:.1f}, p <= 1/E = {p}")
     for failure in failures:
         print("exact check failed:", failure)
