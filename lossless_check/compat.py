@@ -10,16 +10,21 @@ from functools import lru_cache
 def speculative_sampling():
     """The installed ``_speculative_sampling`` as ``f(candidate_ids, candidate_logits, gamma, new_logits, is_done)``.
 
-    Releases up to 5.17 take ``is_done_candidate`` (the candidate already hit a stopping criterion);
-    later ones crop after the call instead. ``extra`` keywords go through unchanged (e.g.
-    ``assistant_ensemble_weight`` where :func:`verifier_parameters` has it).
+    Releases up to 5.17 take whether the candidate already hit a stopping criterion
+    (``is_done_candidate``; ``last_assistant_token_is_eos`` up to 4.38); later ones crop after the
+    call instead. Releases up to 4.38 also take ``max_matches``, the drafts the length limit lets the
+    round accept: all of them here (a step round never meets ``max_length``). ``extra`` keywords go
+    through unchanged (e.g. ``assistant_ensemble_weight`` where :func:`verifier_parameters` has it).
     """
     from transformers.generation.utils import _speculative_sampling
 
-    takes_is_done = "is_done_candidate" in inspect.signature(_speculative_sampling).parameters
+    parameters = inspect.signature(_speculative_sampling).parameters
+    done_name = next((n for n in ("is_done_candidate", "last_assistant_token_is_eos") if n in parameters), None)
 
     def call(candidate_ids, candidate_logits, gamma, new_logits, is_done=False, **extra):
-        kwargs = {"is_done_candidate": is_done} if takes_is_done else {}
+        kwargs = {done_name: is_done} if done_name else {}
+        if "max_matches" in parameters:
+            kwargs["max_matches"] = gamma
         return _speculative_sampling(candidate_ids, candidate_logits, gamma, new_logits, **kwargs, **extra)
 
     return call
@@ -37,3 +42,42 @@ def versions() -> dict[str, str]:
     import transformers
 
     return {"transformers_version": transformers.__version__, "torch_version": torch.__version__}
+
+
+def generator_processors(processors):
+    """The ``logits_processor`` ``generate()`` hands the candidate generator, given the list the
+    sampling loop applies.
+
+    From the release that builds the generator inside ``_assisted_decoding`` that is the prepared
+    list itself. Before, ``generate()`` built it with its own ``logits_processor`` argument (the user's
+    custom processors: none here), and the assistant's ``generate()`` rebuilt the processors and
+    warpers from its copy of the generation config.
+    """
+    return processors if _builds_generator_in_assisted_decoding() else type(processors)()
+
+
+@lru_cache(maxsize=None)
+def _builds_generator_in_assisted_decoding() -> bool:
+    from transformers.generation.utils import GenerationMixin
+
+    loop = getattr(GenerationMixin, "_assisted_decoding", None) or GenerationMixin.assisted_decoding
+    return "_get_candidate_generator" in inspect.getsource(loop)
+
+
+def release_warpers(warpers: dict) -> dict:
+    """``warpers`` in the form the installed ``GenerationConfig`` takes.
+
+    ``sequence_bias`` is written as ``[[tokens, bias], ...]`` (JSON's form); releases before 4.45
+    take only ``{tuple(tokens): bias}``.
+    """
+    bias = warpers.get("sequence_bias")
+    if bias is None or isinstance(bias, dict) or _takes_listed_sequence_bias():
+        return warpers
+    return {**warpers, "sequence_bias": {tuple(tokens): value for tokens, value in bias}}
+
+
+@lru_cache(maxsize=None)
+def _takes_listed_sequence_bias() -> bool:
+    from transformers.generation.logits_process import SequenceBiasLogitsProcessor
+
+    return hasattr(SequenceBiasLogitsProcessor, "_convert_list_arguments_into_dict")

@@ -15,3 +15,8 @@ class NotApplicable(Exception):
 
 class Timeout(GeneratorFailure):
     """A chunk ran past its deadline: the generator hangs (never a reason to try another batch size)."""
+
+
+class PlainSamplingFails(NotApplicable):
+    """The installed processors raise on a prefix the case reaches: plain sampling itself fails there
+    (``generate()`` raises with or without a drafter), so there is no output law to compare with."""

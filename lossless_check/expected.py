@@ -29,6 +29,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from .errors import PlainSamplingFails
 from .scenarios import Scenario
 from .stats import AcceptanceLaw
 from .tables import FixedLogits
@@ -39,6 +40,18 @@ MAX_ENUMERATED_PREFIXES = 50_000
 
 #: The dtype of the real path: the stubs' logits, the processors, the sampler's and verifier's softmax.
 REAL_PATH_DTYPE = torch.float32
+
+
+def processed(processors, history: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """``processors(history, logits)``; :class:`~.errors.PlainSamplingFails` if the installed processors
+    raise (e.g. ``EtaLogitsWarper`` before 5.0 on a row that ``no_repeat_ngram_size`` emptied)."""
+    try:
+        return processors(history, logits)
+    except Exception as exc:  # noqa: BLE001 - any failure of the release's own processors
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise PlainSamplingFails(
+            f"plain sampling under this stack fails on the installed transformers after tokens "
+            f"{history[0].tolist()}: {type(exc).__name__}: {first[:160]}") from None
 
 
 def law_as_sampled(logits: torch.Tensor) -> np.ndarray:
@@ -72,7 +85,7 @@ class ExactLaws:
         # drafter's extra columns are no tokens of the target: a correct drafter never drafts them.
         logits = table.emitted(len(prefix), history[-1])[None, : self.scenario.vocab_size].to(REAL_PATH_DTYPE)
         if self.processors is not None and len(self.processors) > 0:
-            logits = self.processors(torch.tensor([history], dtype=torch.long), logits)
+            logits = processed(self.processors, torch.tensor([history], dtype=torch.long), logits)
         law = law_as_sampled(logits[0])
         key = hashlib.blake2b(law.tobytes(), digest_size=16).digest()
         shared = self._interned.setdefault(key, law)
@@ -154,7 +167,7 @@ class GreedyLaws:
             history = self.scenario.prompt + prefix
             logits = self.scenario.target.emitted(len(prefix), history[-1]).to(REAL_PATH_DTYPE)[None]
             if self.processors is not None and len(self.processors) > 0:
-                logits = self.processors(torch.tensor([history], dtype=torch.long), logits)
+                logits = processed(self.processors, torch.tensor([history], dtype=torch.long), logits)
             law = np.zeros(self.scenario.vocab_size)
             law[int(torch.argmax(logits[0]))] = 1.0
             law.setflags(write=False)

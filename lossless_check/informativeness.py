@@ -37,6 +37,8 @@ from typing import Callable
 
 import numpy as np
 
+from .errors import PlainSamplingFails
+
 #: Prefixes the search may visit before it stops and counts the rest informative.
 MAX_VISITED = 20_000
 
@@ -132,13 +134,18 @@ def case_informative_positions(case) -> list[int] | None:
         return None
     key = (id(case.scenario), case.warper_spec, generate, case.max_new_tokens if generate else 0)
     if _PLANNED.get(key, (None,))[0] is not case.scenario:
-        if generate:
-            law, stop = _generate_laws(case)
-            _PLANNED[key] = case.scenario, tuple(informative_positions(law, case.max_new_tokens, stop))
-        else:
-            law = _step_laws(case.scenario, case.warpers).target
-            _PLANNED[key] = case.scenario, tuple(informative_positions(law, case.scenario.gamma + 1))
-    return list(_PLANNED[key][1])
+        try:
+            if generate:
+                law, stop = _generate_laws(case)
+                plan = tuple(informative_positions(law, case.max_new_tokens, stop))
+            else:
+                law = _step_laws(case.scenario, case.warpers).target
+                plan = tuple(informative_positions(law, case.scenario.gamma + 1))
+        except PlainSamplingFails:
+            plan = None  # no claim: the case's own trials meet the failure and skip it with its reason
+        _PLANNED[key] = case.scenario, plan
+    plan = _PLANNED[key][1]
+    return None if plan is None else list(plan)
 
 
 def reference_informative_positions(scenario, warpers: dict) -> list[int]:
@@ -163,6 +170,14 @@ def attach_plan(result, case, positions: list[int] | None) -> None:
     result.law_informative_positions = positions if len(result.positions) <= horizon else None
 
 
+def _informative_reference(scenario, stack: dict) -> bool:
+    """Whether :func:`reference_informative_positions` is not empty (False where plain sampling fails)."""
+    try:
+        return bool(reference_informative_positions(scenario, stack))
+    except PlainSamplingFails:
+        return False
+
+
 def pair_coverage(stacks: list[dict], options: list[str], scenario) -> tuple[int, int]:
     """``(covered, total)``: pairs of ``options`` that some stack holding both tests informatively on
     ``scenario`` (:func:`reference_informative_positions` not empty), and all pairs."""
@@ -170,6 +185,6 @@ def pair_coverage(stacks: list[dict], options: list[str], scenario) -> tuple[int
     for stack in stacks:
         present = [o for o in options if o in stack]
         pairs = {frozenset((a, b)) for i, a in enumerate(present) for b in present[i + 1:]} - covered
-        if pairs and reference_informative_positions(scenario, stack):
+        if pairs and _informative_reference(scenario, stack):
             covered |= pairs
     return len(covered), len(options) * (len(options) - 1) // 2

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
-from transformers.cache_utils import DynamicCache
+from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .tables import FixedLogits
@@ -118,7 +118,33 @@ class OneHotEmbedding(nn.Module):
         return torch.nn.functional.one_hot(input_ids, self.num_embeddings).to(self.weight.dtype)
 
 
-class FixedLogitsLM(PreTrainedModel, GenerationMixin):
+def _mixin_prepares_inputs() -> bool:
+    """Whether the installed ``GenerationMixin`` has a generic ``prepare_inputs_for_generation``
+    (4.45 on); before it, every model wrote its own, and ``can_generate()`` was False without one."""
+    import inspect
+
+    return "NotImplementedError" not in inspect.getsource(GenerationMixin.prepare_inputs_for_generation)
+
+
+#: Releases before 4.45: models kept the legacy tuple cache unless handed a ``Cache``, and each model
+#: prepared its own inputs for ``generate()`` (as Llama did then).
+LEGACY_GENERATION = not _mixin_prepares_inputs()
+
+
+class _LegacyGenerationInputs:
+    """``prepare_inputs_for_generation`` as the models of releases before 4.45 wrote it (Llama's):
+    feed only the tokens past the cache, pass the cache through."""
+
+    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None, **kwargs):
+        if past_key_values is not None:
+            past = (past_key_values.get_seq_length() if isinstance(past_key_values, Cache)
+                    else past_key_values[0][0].shape[2])
+            input_ids = input_ids[:, past:] if input_ids.shape[1] > past else input_ids[:, -1:]
+        return {"input_ids": input_ids, "past_key_values": past_key_values, "attention_mask": attention_mask,
+                "use_cache": kwargs.get("use_cache")}
+
+
+class FixedLogitsLM(*((_LegacyGenerationInputs,) if LEGACY_GENERATION else ()), PreTrainedModel, GenerationMixin):
     """A causal LM whose logits at each position come from a fixed table.
 
     The logits predicting the token at absolute position ``t + 1`` are
@@ -187,6 +213,12 @@ class FixedLogitsLM(PreTrainedModel, GenerationMixin):
     ) -> CausalLMOutputWithPast:
         # Releases from 5.24 name the argument ``cache``; earlier ones ``past_key_values``.
         past_key_values = past_key_values if past_key_values is not None else cache
+        # As a decoder of the installed release does: before 4.45, a model handed a tuple (or nothing)
+        # returned the legacy tuple cache (and assisted decoding cropped caches into tuples).
+        legacy = use_cache is not False and not isinstance(past_key_values, Cache) and (
+            past_key_values is not None or LEGACY_GENERATION)
+        if legacy and past_key_values is not None:
+            past_key_values = DynamicCache.from_legacy_cache(past_key_values)
         if past_key_values is None and use_cache:
             # As a real decoder does (5.0 leaves creating the cache to the model: LlamaModel.forward).
             past_key_values = DynamicCache()
@@ -207,6 +239,8 @@ class FixedLogitsLM(PreTrainedModel, GenerationMixin):
         hidden_states = None
         if output_hidden_states:
             hidden_states = (hidden, hidden)
+        if legacy and past_key_values is not None:
+            past_key_values = past_key_values.to_legacy_cache()
         return CausalLMOutputWithPast(
             logits=logits, hidden_states=hidden_states,
             **cache_output(CausalLMOutputWithPast, past_key_values if use_cache is not False else None),

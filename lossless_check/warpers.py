@@ -11,6 +11,7 @@ import ast
 import warnings
 from typing import Any
 
+from .compat import release_warpers
 from .errors import UsageError
 
 
@@ -108,11 +109,11 @@ def validate_warpers(kwargs: dict[str, Any]) -> None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", UserWarning)
-            GenerationConfig(do_sample=True, **kwargs).validate(strict=True)
+            GenerationConfig(do_sample=True, **release_warpers(kwargs)).validate(strict=True)
     except TypeError:
         # Older releases have no strict= argument.
         try:
-            GenerationConfig(do_sample=True, **kwargs).validate()
+            GenerationConfig(do_sample=True, **release_warpers(kwargs)).validate()
         except Exception as exc:  # noqa: BLE001 - any refusal is the user's input
             raise UsageError(f"bad warpers {format_warpers(kwargs)!r}: {_first_line(exc)}") from None
     except Exception as exc:  # noqa: BLE001
@@ -141,23 +142,35 @@ class _Captured(Exception):
 def capture_processors(model, prompt_ids, warpers: dict[str, Any], max_new_tokens: int, do_sample: bool = True):
     """Run ``model.generate`` until it starts sampling; return its ``(LogitsProcessorList, GenerationConfig)``.
 
-    ``model`` must be a :class:`~lossless_check.stubs.FixedLogitsLM`; the capture uses a throwaway
-    subclass whose sampling loop stops at once, so the model itself is untouched.
+    The list is every processor the sampling loop applies, in its order: releases before 4.45 hand
+    the loop a ``logits_processor`` and a ``logits_warper`` (applied after it), joined here. The config
+    is the one ``generate()`` prepared (read where it builds the processors: releases before 4.40 do
+    not pass it to the loop). ``model`` must be a :class:`~lossless_check.stubs.FixedLogitsLM`; the
+    capture uses a throwaway subclass whose sampling loop stops at once, so the model itself is untouched.
     """
     from transformers import GenerationConfig, LogitsProcessorList
 
     base = type(model)
+    prepared: list = []
+
+    def _get_logits_processor(self, *args, **kwargs):
+        prepared.append(kwargs["generation_config"] if "generation_config" in kwargs else args[0])
+        return base._get_logits_processor(self, *args, **kwargs)
 
     def _sample(self, *args, **kwargs):
         values = list(args) + list(kwargs.values())
-        processors = next(v for v in values if isinstance(v, LogitsProcessorList))
-        config = next(v for v in values if isinstance(v, GenerationConfig))
-        raise _Captured(processors, config)
+        # The processors first, then the warpers, as the loop applies them.
+        lists = sorted((v for v in values if isinstance(v, LogitsProcessorList)),
+                       key=lambda v: v is kwargs.get("logits_warper"))
+        config = next((v for v in values if isinstance(v, GenerationConfig)), None) or prepared[-1]
+        raise _Captured(LogitsProcessorList([p for part in lists for p in part]), config)
 
-    capture_cls = type(f"_Capture{base.__name__}", (base,), {"_sample": _sample})
+    # ``sample`` is the loop's name before 4.39 (a deprecated alias of ``_sample`` until 4.41).
+    capture_cls = type(f"_Capture{base.__name__}", (base,), {"_sample": _sample, "sample": _sample,
+                                                            "_get_logits_processor": _get_logits_processor})
     probe = capture_cls(model.config)
     probe.generation_config = model.generation_config
-    config = GenerationConfig(**{**warpers, "do_sample": do_sample, "max_new_tokens": max_new_tokens})
+    config = GenerationConfig(**{**release_warpers(warpers), "do_sample": do_sample, "max_new_tokens": max_new_tokens})
     try:
         probe.generate(prompt_ids, generation_config=config)
     except _Captured as captured:

@@ -18,7 +18,7 @@ class DraftContext:
     scenario: Scenario
     generator_class: type
     generation_config: Any  # the GenerationConfig generate() prepared (captured)
-    processors: Any  # the LogitsProcessorList generate() built (captured)
+    processors: Any  # the LogitsProcessorList generate() hands the generator (compat.generator_processors)
     target: FixedLogitsLM
     prompt_ids: torch.LongTensor
 

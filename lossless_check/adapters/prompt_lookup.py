@@ -9,7 +9,7 @@ samples every position itself and keeps the drafts that match.
 from __future__ import annotations
 
 from .base import DraftContext, FunctionSession, GeneratorAdapter
-from .rounds import first_round
+from .rounds import construct, first_round
 
 #: ``generate()``'s default when ``max_matching_ngram_size`` is unset.
 MAX_MATCHING_NGRAM_SIZE = 2
@@ -28,7 +28,8 @@ class PromptLookupAdapter(GeneratorAdapter):
 
         def draft(input_ids):
             # A fresh generator per call, as generate() builds one (it holds no model).
-            generator = ctx.generator_class(
+            generator = construct(
+                ctx.generator_class,
                 eos_token_id=getattr(config, "_eos_token_tensor", None),
                 num_output_tokens=ctx.scenario.gamma,
                 max_matching_ngram_size=MAX_MATCHING_NGRAM_SIZE,

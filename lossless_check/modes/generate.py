@@ -42,13 +42,14 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ..compat import generator_processors, release_warpers
 from ..adapters import DraftContext
 from ..adapters.assisted import constant_drafts
 from ..attribution import attribute, watching_verifier, without
 from ..analysis import position_tests, sequential_evidence, stop_sequentially, strata
 from ..engine import guarded, run_in_chunks
 from ..errors import GeneratorFailure
-from ..expected import ExactLaws, GreedyLaws
+from ..expected import ExactLaws, GreedyLaws, processed
 from ..results import Case, CaseResult, one_line
 from ..stats import Stratum
 from ..stubs import fixed_logits_lm
@@ -140,7 +141,7 @@ class _ModelLaws:
         history = torch.tensor([self.prompt + prefix], dtype=torch.long)
         logits = self.model(history, use_cache=False).logits[:, -1].to(torch.float64)
         if len(self.processors) > 0:
-            logits = self.processors(history, logits)
+            logits = processed(self.processors, history, logits)
         probs = torch.softmax(logits, dim=-1)[0].numpy()
         probs.setflags(write=False)
         return probs
@@ -187,7 +188,7 @@ def _setup(case: Case, max_new_tokens: int) -> _Setup:
     scenario = case.scenario
     family = case.generator.adapter.name
     prompt_ids = torch.tensor([scenario.prompt], dtype=torch.long)
-    config = GenerationConfig(do_sample=True, max_new_tokens=max_new_tokens, **case.warpers)
+    config = GenerationConfig(do_sample=True, max_new_tokens=max_new_tokens, **release_warpers(case.warpers))
     if isinstance(scenario, TinyLlamaScenario):
         target, drafter = tiny_llama_pair(scenario.seed, scenario.vocab_size)
         _use_constant_drafts(drafter, scenario.gamma)
@@ -207,7 +208,8 @@ def _setup(case: Case, max_new_tokens: int) -> _Setup:
     else:
         processors, prepared = capture_processors(plain, prompt_ids, case.warpers, max_new_tokens)
         law = ExactLaws(scenario, processors).target
-    ctx = DraftContext(scenario, case.generator.generator_class, prepared, processors, plain, prompt_ids)
+    ctx = DraftContext(scenario, case.generator.generator_class, prepared, generator_processors(processors), plain,
+                       prompt_ids)
     models = loop_models.loop_models(family, ctx)
     # The config capture_processors gave generate() (the processors and laws above are its own),
     # plus the fields that route the family.

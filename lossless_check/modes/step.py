@@ -25,10 +25,10 @@ from ..adapters import DraftContext
 from ..analysis import position_tests, sequential_evidence, stop_sequentially, strata
 from ..attribution import accepted_impossible, attribute, without
 from ..candidates import check_candidates
-from ..compat import speculative_sampling
+from ..compat import generator_processors, speculative_sampling
 from ..engine import guarded, run_in_chunks
 from ..errors import GeneratorFailure, NotApplicable, Timeout
-from ..expected import ExactLaws
+from ..expected import ExactLaws, processed
 from ..results import POWER, Case, CaseResult, one_line
 from ..stats import Stratum, law_test
 from ..stubs import fixed_logits_lm
@@ -72,7 +72,7 @@ class StepCase:
             scenario=self.case.scenario,
             generator_class=self.case.generator.generator_class,
             generation_config=self.generation_config,
-            processors=self.processors,
+            processors=generator_processors(self.processors),
             target=self.target,
             prompt_ids=self.prompt_ids,
         )
@@ -143,7 +143,7 @@ class StepCase:
         length, gamma = self.prompt_ids.shape[1], candidate_ids.shape[1] - self.prompt_ids.shape[1]
         logits = self.target(candidate_ids).logits[:, -gamma - 1 :].to(torch.float32)
         for i in range(gamma + 1):
-            logits[:, i, :] = self.processors(candidate_ids[:, : length + i], logits[:, i, :])
+            logits[:, i, :] = processed(self.processors, candidate_ids[:, : length + i], logits[:, i, :])
         return logits
 
     # -- trials --------------------------------------------------------------------------------
