@@ -81,3 +81,18 @@ def _takes_listed_sequence_bias() -> bool:
     from transformers.generation.logits_process import SequenceBiasLogitsProcessor
 
     return hasattr(SequenceBiasLogitsProcessor, "_convert_list_arguments_into_dict")
+
+
+def loop_eos(generation_config, vocab_size: int) -> None:
+    """Give ``generation_config`` an EOS token that is never drawn (id ``vocab_size``, past the
+    vocabulary) when it has none and the installed loop cannot run without one.
+
+    4.x releases read the EOS unconditionally: 4.37-4.38's ``assisted_decoding`` tiles
+    ``eos_token_id_tensor`` (``AttributeError`` on ``None``), and ``PromptLookupCandidateGenerator``
+    calls ``torch.isin(chosen_ids, self.eos_token_id)`` through 4.57 (``TypeError``). A token outside the
+    vocabulary has probability 0 under every law, so the output law is that of no EOS at all.
+    """
+    import transformers
+
+    if generation_config.eos_token_id is None and int(transformers.__version__.split(".")[0]) < 5:
+        generation_config.eos_token_id = vocab_size

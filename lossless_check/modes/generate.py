@@ -42,7 +42,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..compat import generator_processors, release_warpers
+from ..compat import generator_processors, loop_eos, release_warpers
 from ..adapters import DraftContext
 from ..adapters.assisted import constant_drafts
 from ..attribution import attribute, watching_verifier, without
@@ -189,6 +189,7 @@ def _setup(case: Case, max_new_tokens: int) -> _Setup:
     family = case.generator.adapter.name
     prompt_ids = torch.tensor([scenario.prompt], dtype=torch.long)
     config = GenerationConfig(do_sample=True, max_new_tokens=max_new_tokens, **release_warpers(case.warpers))
+    loop_eos(config, scenario.vocab_size)
     if isinstance(scenario, TinyLlamaScenario):
         target, drafter = tiny_llama_pair(scenario.seed, scenario.vocab_size)
         _use_constant_drafts(drafter, scenario.gamma)
