@@ -49,9 +49,23 @@ def processed(processors, history: torch.Tensor, logits: torch.Tensor) -> torch.
         return processors(history, logits)
     except Exception as exc:  # noqa: BLE001 - any failure of the release's own processors
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise PlainSamplingFails(
-            f"plain sampling under this stack fails on the installed transformers after tokens "
-            f"{history[0].tolist()}: {type(exc).__name__}: {first[:160]}") from None
+        raise plain_sampling_fails(history[0].tolist(), f"{type(exc).__name__}: {first[:160]}") from None
+
+
+def plain_sampling_fails(history: list[int], why: str) -> PlainSamplingFails:
+    return PlainSamplingFails(f"plain sampling under this stack fails on the installed transformers after "
+                              f"tokens {history}: {why}")
+
+
+def unsampleable(logits: torch.Tensor) -> torch.Tensor:
+    """Rows (last dimension) whose softmax is NaN, which ``torch.multinomial`` refuses: a NaN or
+    ``+inf`` logit, or no finite logit at all (every token removed)."""
+    return torch.isnan(logits).any(-1) | torch.isposinf(logits).any(-1) | ~torch.isfinite(logits).any(-1)
+
+
+#: Why plain sampling fails on an :func:`unsampleable` row.
+UNSAMPLEABLE = ("the processed logits are NaN, +inf or all -inf (e.g. every token removed, or a penalty "
+                "added to a removed token), so torch.multinomial refuses their softmax")
 
 
 def law_as_sampled(logits: torch.Tensor) -> np.ndarray:
@@ -86,6 +100,8 @@ class ExactLaws:
         logits = table.emitted(len(prefix), history[-1])[None, : self.scenario.vocab_size].to(REAL_PATH_DTYPE)
         if self.processors is not None and len(self.processors) > 0:
             logits = processed(self.processors, torch.tensor([history], dtype=torch.long), logits)
+        if bool(unsampleable(logits).any()):
+            raise plain_sampling_fails(list(history), UNSAMPLEABLE)
         law = law_as_sampled(logits[0])
         key = hashlib.blake2b(law.tobytes(), digest_size=16).digest()
         shared = self._interned.setdefault(key, law)

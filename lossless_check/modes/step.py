@@ -28,7 +28,7 @@ from ..candidates import check_candidates
 from ..compat import generator_processors, speculative_sampling
 from ..engine import guarded, run_in_chunks
 from ..errors import GeneratorFailure, NotApplicable, Timeout
-from ..expected import ExactLaws, processed
+from ..expected import UNSAMPLEABLE, ExactLaws, plain_sampling_fails, processed, unsampleable
 from ..results import POWER, Case, CaseResult, one_line
 from ..stats import Stratum, law_test
 from ..stubs import fixed_logits_lm
@@ -181,13 +181,32 @@ class StepCase:
                 for r in range(rows):
                     g = lengths[r]
                     candidates = candidate_ids[r : r + 1, : length + g]
-                    valid_tokens, n = self.verify(candidates, candidate_logits[r : r + 1, :g], g,
-                                                  self.target_logits(candidates))
+                    valid_tokens, n = self.verified(candidates, candidate_logits[r : r + 1, :g], g)
                     tokens = valid_tokens[0].numpy()
                     emitted[t, : len(tokens)] = tokens
                     n_matches[t] = int(n)
                     t += 1
         return Observations(emitted, n_matches, drafts, impossible, replayed, time.perf_counter() - started)
+
+    def verified(self, candidates: torch.Tensor, candidate_logits: torch.Tensor, gamma: int):
+        """The installed verifier on one row. If it raises where the processed target is
+        :func:`~..expected.unsampleable` at a position (every earlier draft has ``p > 0``, so plain
+        sampling reaches that prefix and fails there too), the case is
+        :class:`~..errors.PlainSamplingFails`, not an internal error."""
+        new_logits = self.target_logits(candidates)
+        try:
+            return self.verify(candidates, candidate_logits, gamma, new_logits)
+        except RuntimeError:
+            broken = unsampleable(new_logits[0]).nonzero()
+            if not len(broken):
+                raise
+            first, start = int(broken[0]), self.prompt_ids.shape[1]
+            drafted = candidates[0, start : start + first]
+            p_drafted = new_logits[0, :first].softmax(-1).gather(-1, drafted[:, None])
+            if bool((p_drafted == 0).any()):  # plain sampling never reaches this prefix
+                raise
+            end = start + first
+            raise plain_sampling_fails(candidates[0, :end].tolist(), UNSAMPLEABLE) from None
 
     def draft_rows(self, rows: int, replay: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """One call on ``rows`` rows (``candidate_ids``, ``candidate_logits``, each row's draft
