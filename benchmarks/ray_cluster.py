@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -30,7 +31,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "RAY_USAGE_STATS_ENABLED": "0"}
+#: The benchmark's clusters use token authentication with a token of their own, given to the nodes and
+#: to every client alike: a token file another Ray user left in ``~/.ray`` then cannot get in the way.
+ENV = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "RAY_USAGE_STATS_ENABLED": "0",
+       "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
 #: What two runs of the same cases may differ in: the time they took.
 TIMINGS = ("seconds", "samples_per_second")
 #: Per-node ports ``ray start`` would otherwise take at fixed defaults (two nodes on one machine collide).
@@ -47,7 +51,8 @@ def free_port() -> int:
 def start_node(*args: str) -> subprocess.Popen:
     """``ray start ARGS --block --num-cpus 1``, in a new process group (its Ray processes join it)."""
     ports = [x for option in NODE_PORTS for x in (option, str(free_port()))]
-    return subprocess.Popen(["ray", "start", *args, "--block", "--num-cpus", "1", "--disable-usage-stats", *ports],
+    return subprocess.Popen(["ray", "start", *args, "--block", "--num-cpus", "1", "--disable-usage-stats",
+                             "--node-ip-address", "127.0.0.1", *ports],
                             env=ENV, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

@@ -153,9 +153,8 @@ class StepCase:
         default the share of a case of ``samples`` trials) replayed at batch 1, or batch-1 calls when
         the case does not batch. Raises :class:`~.replay.BatchMismatch` when a replay differs.
 
-        The trials are a function of ``seed`` alone: the session is built before the seed is set
-        (building it may draw random numbers, e.g. a stub's weight init), so a chunk gives the same
-        trials in a fresh process as after other chunks (a split case collects chunks anywhere)."""
+        The trials are a function of ``seed`` alone (a split case collects chunks anywhere): the
+        session, whose building may draw random numbers, is built before the seed is set."""
         self.session()
         torch.manual_seed(seed)
         batch_size = self.batching[0]
@@ -329,9 +328,8 @@ def run_step_case(case: Case, samples: int, seed: int, alpha_case: float, sequen
 
 
 class StepRun:
-    """One step-mode case as seeded chunks and looks, run whole (:meth:`run`) or split: its chunks
-    collected by other processes (:meth:`collect_here`, in the state :attr:`state` says) and its looks
-    taken here, over the chunks they return (``run(fetch)``; :mod:`lossless_check.scheduler`)."""
+    """A step case as seeded chunks and looks: run whole (:meth:`run`), or split, its chunks collected
+    elsewhere (:meth:`collect_here` in :attr:`state`) for ``run(fetch)`` (:mod:`lossless_check.scheduler`)."""
 
     def __init__(self, case: Case, samples: int, seed: int, alpha_case: float, sequential: bool = True,
                  timeout: float = 600.0, batch_size: int = BATCH_SIZE):
@@ -352,8 +350,7 @@ class StepRun:
 
     @property
     def state(self) -> str | None:
-        """What a process collecting this case's chunks must know besides its arguments: why the case
-        moved to batch 1 (``None``: it has not)."""
+        """What a process collecting this case's chunks must know: why it moved to batch 1, or ``None``."""
         return self._batch_1
 
     def restore(self, state: str | None) -> None:
@@ -363,8 +360,7 @@ class StepRun:
             self._step.run_at_batch_1(state)
 
     def facts(self):
-        """What the generator was built with (e.g. the vocabulary order a fast tokenizer gave this
-        process): chunks collected under other facts are not this run's."""
+        """What the generator was built with here (e.g. a fast tokenizer's vocabulary order, per process)."""
         return getattr(self.step.session(), "facts", None)
 
     def collect_here(self, chunk: int, size: int, chunk_seed: int) -> Observations:
@@ -388,8 +384,7 @@ class StepRun:
         return None if result is None else attribute(result, aside, obs.impossible_drafts)
 
     def run(self, fetch=None) -> CaseResult:
-        """The case's result; ``fetch(chunk, size, chunk_seed)`` gets each chunk (default: collected
-        here). A :class:`~.replay.BatchMismatch` from any chunk starts the case again at batch 1."""
+        """The result; ``fetch(chunk, size, chunk_seed)`` gets each chunk (default: collected here)."""
         case = self.case
         reason = skip_reason(case)
         if reason is not None:
