@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable
 from .engine import CHUNK_TIMEOUT, make_engine
 from .errors import UsageError
 from .informativeness import attach_plan, evidence_plan
-from .modes import MODES, STATISTICAL_MODES, run_case, skip_reason
+from .modes import MODES, STATISTICAL_MODES, chunked_run, run_case, skip_reason
 from .results import Case, CaseResult, RunResult, decide
 
 #: Trials per case: position 1 then detects a TV of about 0.07 (vocabulary 8, family alpha 1e-6).
@@ -81,7 +81,8 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
         with make_engine(workers, backend, address) as engine:
             engine.map(run_case, [(tasks[i], planned[i], seed, alpha_case, sequential, timeout, batch_size)
                                   for i in todo], progress,
-                       cost=[_work_estimate(tasks[i], planned[i]) for i in todo], finished=finished)
+                       cost=[_work_estimate(tasks[i], planned[i]) for i in todo], finished=finished,
+                       split=chunked_run)
     except KeyboardInterrupt:
         partial = [r or c.result(verdict="unfinished", reason="the run was interrupted before this case finished")
                    for c, r in zip(cases, results)]
@@ -107,7 +108,8 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
 
 #: Rough trials per second of one core, by mode, at a small vocabulary (measured on 5.24); a case
 #: above :data:`~lossless_check.analysis.COARSEN_ABOVE_VOCAB` runs about 30 times slower (the
-#: drafter's real top-p and sampling over 32,000 logits). Used only to order the work queue.
+#: drafter's real top-p and sampling over 32,000 logits). Used only to order the work queue and to
+#: choose the cases split across workers (:func:`~lossless_check.scheduler.should_split`).
 _TRIALS_PER_SECOND = {"step": 2000.0, "provenance": 2000.0, "generate": 100.0}
 
 

@@ -140,6 +140,17 @@ def _precheck(args) -> None:
     if args.scenario is not None and args.scenario not in SCENARIO_NAMES:
         raise UsageError(f"unknown scenario {args.scenario!r}; known: {', '.join(SCENARIO_NAMES)}")
     _check_paths(args)
+    check_backend(args)
+
+
+def check_backend(args) -> None:
+    """``--address`` names a reachable Ray cluster, and only with ``--backend ray`` (before any work)."""
+    if getattr(args, "address", None):
+        if args.backend != "ray":
+            raise UsageError("--address needs --backend ray")
+        from .ray_backend import check_address
+
+        check_address(args.address)
 
 
 def _check_paths(args) -> None:

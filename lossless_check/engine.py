@@ -1,9 +1,12 @@
 """The engine shared by every mode: seeds, chunks, the sequential look schedule, deadlines, the pool.
 
-A statistical case runs as one task (in this process or on the run's pool): its trials come in
-seeded chunks, and it is analysed at each look of :func:`look_schedule`. Every chunk's seed is a
-function of the run seed, the case and the chunk alone, so results never depend on ``--workers``.
-The pool is started once per run and every mode's cases share it.
+A statistical case's trials come in seeded chunks, and it is analysed at each look of
+:func:`look_schedule`. Every chunk's seed is a function of the run seed, the case and the chunk
+alone, and a chunk's trials are a function of its seed alone (never of the chunks the same process
+collected before), so results never depend on ``--workers`` or on where a chunk ran. A case runs as
+one task, or, where it pays, split: its chunks are tasks of their own and its looks are taken in
+this process (:mod:`lossless_check.scheduler`). The pool is started once per run and every mode's
+cases share it.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import hashlib
 import multiprocessing
 import signal
 import threading
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from typing import Callable
 
@@ -79,20 +82,41 @@ def deadline(seconds: float, what: str):
         signal.signal(signal.SIGALRM, previous)
 
 
-def run_in_chunks(case, samples: int, seed: int, sequential: bool, timeout: float,
-                  collect: Callable[[int, int, int], object], analyse: Callable[[list, bool], object]):
-    """Collect a case's chunks look by look; return the first result ``analyse(parts, final)`` gives.
+def chunk_plan(case, samples: int, seed: int, chunk: int) -> tuple[int, int]:
+    """``(size, seed)`` of chunk ``chunk`` of a case of ``samples`` trials."""
+    return chunk_sizes(samples)[chunk], case_seed(seed, case, chunk)
 
-    ``collect(chunk, size, chunk_seed)`` returns one chunk of observations; ``analyse`` returns
-    ``None`` to go on (a sequential case that has not stopped) and is always final at the last look.
+
+def look_ends(samples: int, sequential: bool) -> list[int]:
+    """The number of chunks each look of :func:`look_schedule` analyses."""
+    return [len(chunk_sizes(n)) for n in look_schedule(samples, sequential)]
+
+
+def within_deadline(timeout: float, collect: Callable[[int, int, int], object]) -> Callable[[int, int, int], object]:
+    """``collect(chunk, size, chunk_seed)`` under the per-chunk deadline, as the process running it calls it."""
+
+    def fetch(chunk: int, size: int, chunk_seed: int):
+        with deadline(timeout, f"a chunk of {size} trials"):
+            return collect(chunk, size, chunk_seed)
+
+    return fetch
+
+
+def run_in_chunks(case, samples: int, seed: int, sequential: bool,
+                  fetch: Callable[[int, int, int], object], analyse: Callable[[list, bool], object]):
+    """Get a case's chunks look by look; return the first result ``analyse(parts, final)`` gives.
+
+    ``fetch(chunk, size, chunk_seed)`` returns one chunk of observations: collected here
+    (:func:`within_deadline`), or by a task elsewhere (a split case, :mod:`lossless_check.scheduler`);
+    either way the looks see the same chunks in chunk order. ``analyse`` returns ``None`` to go on
+    (a sequential case that has not stopped) and is always final at the last look.
     """
-    sizes, parts = chunk_sizes(samples), []
-    looks = look_schedule(samples, sequential)
-    for look, n_look in enumerate(looks, 1):
-        for chunk in range(len(parts), len(chunk_sizes(n_look))):
-            with deadline(timeout, f"a chunk of {sizes[chunk]} trials"):
-                parts.append(collect(chunk, sizes[chunk], case_seed(seed, case, chunk)))
-        result = analyse(parts, look == len(looks))
+    parts = []
+    ends = look_ends(samples, sequential)
+    for look, end in enumerate(ends, 1):
+        for chunk in range(len(parts), end):
+            parts.append(fetch(chunk, *chunk_plan(case, samples, seed, chunk)))
+        result = analyse(parts, look == len(ends))
         if result is not None:
             return result
     raise AssertionError("the last look is final")
@@ -119,37 +143,41 @@ def make_engine(workers: int = 1, backend: str = "local", address: str | None = 
 
 
 class Engine:
-    """Where a run's case tasks execute: this process, or a pool of worker processes started once."""
+    """Where a run's tasks execute: this process, or a pool of worker processes started once."""
 
     def __init__(self, workers: int = 1):
         self.workers = workers
         self._pool: ProcessPoolExecutor | None = None
+        self._abandoned: list = []
 
     def map(self, task: Callable, arguments: list[tuple], progress: Callable[[int], None] | None = None,
-            cost: list[float] | None = None, finished: Callable[[int, object], None] | None = None) -> list:
-        """``[task(*a) for a in arguments]``, on the pool when there is one and more than one task.
+            cost: list[float] | None = None, finished: Callable[[int, object], None] | None = None,
+            split: Callable | None = None) -> list:
+        """``[task(*a) for a in arguments]``, on the pool when there is one and it has work for more
+        than one worker.
 
         ``progress(trials)`` is called as each task completes, with its result's ``samples``, and
-        ``finished(index, result)`` too (a journal keeps it). ``cost``
-        (an estimate per task) orders the pool's queue, longest first, so that a long task does not
-        start last and run alone; results come back in the order of ``arguments`` either way.
+        ``finished(index, result)`` too (a journal keeps it). ``cost`` (an estimate per task, in
+        seconds of one core) orders the queue, longest first, so that a long task does not start last
+        and run alone; ``split(*a)`` gives a task as chunks and looks (or ``None``), so that a case
+        that would keep workers idle is split across them (:mod:`lossless_check.scheduler`). Results
+        come back in the order of ``arguments``, and are the same either way.
         """
-        if self.workers <= 1 or len(arguments) < 2:
+        from .scheduler import Scheduler, worth_a_pool
+
+        if self.workers <= 1 or not worth_a_pool(arguments, cost, split, self.workers):
             with one_thread():
                 results = []
                 for index, args in enumerate(arguments):
                     results.append(task(*args))
                     _report(index, results[-1], progress, finished)
             return results
-        pool = self._start()
-        order = sorted(range(len(arguments)), key=lambda i: -cost[i]) if cost else range(len(arguments))
-        futures = {pool.submit(task, *arguments[i]): i for i in order}
-        results: list = [None] * len(arguments)
-        for future in as_completed(futures):
-            index = futures[future]
-            results[index] = future.result()
-            _report(index, results[index], progress, finished)
-        return results
+        scheduler = Scheduler(self._start().submit, self.workers)
+        try:
+            with one_thread():  # a split case's looks run here, as they would in a worker
+                return scheduler.map(task, arguments, progress, cost, finished, split)
+        finally:
+            self._abandoned += scheduler.abandoned
 
     def _start(self) -> ProcessPoolExecutor:
         if self._pool is None:
@@ -158,8 +186,10 @@ class Engine:
         return self._pool
 
     def close(self, stop_now: bool = False) -> None:
-        """Shut the pool down; ``stop_now`` (an interrupted run) ends the cases still running too."""
+        """Shut the pool down; ``stop_now`` (an interrupted run) ends the cases still running too, and
+        so does a chunk still running that no case needs any more (a split case stopped before it)."""
         if self._pool is not None:
+            stop_now = stop_now or any(not future.done() for future in self._abandoned)
             workers = list(getattr(self._pool, "_processes", {}).values()) if stop_now else []
             self._pool.shutdown(wait=not stop_now, cancel_futures=True)
             for process in workers:
@@ -167,6 +197,7 @@ class Engine:
             for process in workers:
                 process.join()
             self._pool = None
+            self._abandoned = []
 
     def __enter__(self) -> "Engine":
         return self

@@ -119,23 +119,47 @@ def _last_line(done: subprocess.CompletedProcess) -> str:
     return lines[-1] if lines else "no output"
 
 
+def sweep_release(release: str, modes: list[str], run_args: dict[str, list[str]], work: Path,
+                  envs: Path = DEFAULT_ENVS, timeout: float = 1800) -> dict:
+    """``{mode: report or {"failed": why}, "seconds": wall}`` of one release: its environment (built on
+    first use), then ``run_args[mode]`` there for each mode, each report written under ``work``."""
+    started = time.monotonic()
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        python = environment(release, envs)
+    except RuntimeError as exc:
+        python, why = None, str(exc)
+    result: dict = {mode: (run_in(python, release, run_args[mode], work / f"{release}-{mode}.json", timeout)
+                           if python else {"failed": why}) for mode in modes}
+    result["seconds"] = time.monotonic() - started
+    return result
+
+
 def sweep(releases: list[str], modes: list[str], run_args: dict[str, list[str]], work: Path,
-          envs: Path = DEFAULT_ENVS, timeout: float = 1800, say=print) -> dict[str, dict]:
+          envs: Path = DEFAULT_ENVS, timeout: float = 1800, say=print, backend: str = "local",
+          address: str | None = None, workers: int = 1) -> dict[str, dict]:
     """``{release: {mode: report or {"failed": why}, "seconds": wall}}``: ``run_args[mode]`` run in
-    every release's environment."""
+    every release's environment (:func:`sweep_release`): ``workers`` releases at once on the local
+    pool (default: one after another, here), or with ``backend="ray"`` a Ray task per release
+    (``address``: an existing cluster), each using the environments cached on its node. The results
+    are the same either way."""
+    from .engine import make_engine
+
     work.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict] = {}
-    for release in releases:
-        started = time.monotonic()
-        try:
-            python = environment(release, envs)
-        except RuntimeError as exc:
-            python, why = None, str(exc)
-        results[release] = {mode: (run_in(python, release, run_args[mode], work / f"{release}-{mode}.json", timeout)
-                                   if python else {"failed": why}) for mode in modes}
-        results[release]["seconds"] = time.monotonic() - started
-        say(f"{release}: {results[release]['seconds']:.0f} s")
-    return results
+
+    def finished(index: int, result: dict) -> None:
+        release = releases[index]
+        results[release] = result
+        for mode in modes:  # a node that does not share this file system wrote the report on its own
+            report = work / f"{release}-{mode}.json"
+            if "failed" not in result[mode] and not report.exists():
+                report.write_text(json.dumps(result[mode], indent=2))
+        say(f"{release}: {result['seconds']:.0f} s")
+
+    with make_engine(workers, backend, address) as engine:
+        engine.map(sweep_release, [(r, modes, run_args, work, envs, timeout) for r in releases], finished=finished)
+    return {release: results[release] for release in releases}
 
 
 def cell(cases: list[dict]) -> tuple[str, str]:
@@ -238,6 +262,12 @@ def add_history_commands(sub, matrices, default_scenario: str, default_samples: 
     sweep.add_argument("--work", default="lossless-sweep", metavar="DIR", help="each release's JSON reports")
     sweep.add_argument("--out", default="compat_table.md", metavar="PATH", help="the table (Markdown)")
     sweep.add_argument("--timeout", type=positive_int, default=1800, metavar="S", help="seconds per release and mode")
+    sweep.add_argument("--backend", choices=("local", "ray"), default="local",
+                       help="where releases run: one after another here (default), or a Ray task per release")
+    sweep.add_argument("--address", default=None, metavar="HOST:PORT",
+                       help="--backend ray: the cluster to join (default: a local Ray instance of --workers CPUs)")
+    sweep.add_argument("--workers", type=positive_int, default=1,
+                       help="releases run at once without --address (default 1: one after another)")
     bisect = sub.add_parser("bisect", help="the first release in a range where one case's verdict changes")
     bisect.add_argument("--generator", required=True, metavar="NAME|module:attr")
     bisect.add_argument("--warpers", default="none", metavar="k=v,k=v")
@@ -258,7 +288,10 @@ def check_history_paths(args, precheck) -> None:
     if args.envs:
         check_writable_dir(args.envs, "--envs")
     if args.command == "sweep":
+        from .cli import check_backend
+
         check_writable_file(args.out, "--out")
+        check_backend(args)
     else:
         precheck(argparse.Namespace(generator=[args.generator], warpers=[args.warpers], scenario=args.scenario,
                                      command="bisect"))
@@ -273,7 +306,8 @@ def history_command(args) -> int:
         run_args = {mode: ["run", "--matrix", args.matrix, "--mode", mode, "--seed", str(args.seed), "--samples",
                            str(args.generate_samples if mode == "generate" else args.samples)] for mode in args.modes}
         say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-        results = sweep(releases, args.modes, run_args, Path(args.work), envs, args.timeout, say)
+        results = sweep(releases, args.modes, run_args, Path(args.work), envs, args.timeout, say, args.backend,
+                        args.address, args.workers)
         command = "lossless-check " + " ".join(sys.argv[1:])
         Path(args.out).write_text(compat_table(results, args.modes, command, run_args))
         failed = [f"{r} {m}: {res[m]['failed']}" for r, res in results.items() for m in args.modes if "failed" in res[m]]

@@ -93,3 +93,27 @@ def test_resume_refuses_another_runs_journal(tmp_path):
     assert finish(lossless_check(*args))[0] == 0
     code, output = finish(lossless_check(*args, "--seed", "1", "--resume"))
     assert code == 2 and "another run's" in output, output
+
+
+def test_sigterm_during_a_split_case_and_resume_give_the_uninterrupted_report(tmp_path):
+    """A case split across two workers (lossless_check/scheduler.py), stopped while its chunks run: the
+    finished case beside it is kept, the split case runs again on resume."""
+    # The mutant first: of two cases of equal estimate the first runs whole (two cases, two workers),
+    # and stops within a few hundred trials; the second, lossless, splits (one case left, two workers).
+    args = ["run", "--generator", "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits", "--generator",
+            "DFlashTokenCandidateGenerator", "--warpers", "top_k=3", "--scenario", "iid8", "--samples", "48000",
+            "--workers", "2", "--quiet", "--no-verifier", "--table", "full"]
+    report, journal = tmp_path / "r.json", tmp_path / "r.json.journal.jsonl"
+    running = lossless_check(*args, "--json", str(report))
+    deadline = time.monotonic() + 300
+    while not (journal.exists() and len(journal.read_text().splitlines()) >= 2):  # header + the mutant
+        assert running.poll() is None and time.monotonic() < deadline, finish(running)
+        time.sleep(0.1)
+    running.send_signal(signal.SIGTERM)
+    code, output = finish(running, timeout=60)
+    assert code == 4 and "--resume" in output, output
+    assert [c["verdict"] for c in json.loads(report.read_text())["cases"]] == ["not_lossless", "unfinished"]
+    assert finish(lossless_check(*args, "--json", str(report), "--resume"))[0] == 1
+    fresh = tmp_path / "fresh.json"
+    assert finish(lossless_check(*args, "--json", str(fresh)))[0] == 1
+    assert without_timings(json.loads(report.read_text())) == without_timings(json.loads(fresh.read_text()))

@@ -40,3 +40,28 @@ def test_a_two_node_cluster_gives_the_local_pools_report(tmp_path):
     local = report(tmp_path, "local", "--workers", "2")
     assert on_ray == local
     assert {c["verdict"] for c in local} == {"lossless", "not_lossless"}
+
+
+def test_a_case_split_across_a_two_node_cluster_gives_the_unsplit_result(monkeypatch):
+    """Chunks as Ray tasks on two nodes, looks in the driver: the run of one worker, timings aside."""
+    import dataclasses
+
+    from lossless_check import scheduler
+    from lossless_check.api import cases_for, run_cases
+
+    cases = cases_for(["DFlashTokenCandidateGenerator", "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"],
+                      ["top_k=3"], None, "step", "iid8")
+    rows = lambda run: [{k: v for k, v in dataclasses.asdict(c).items() if k not in TIMINGS}  # noqa: E731
+                        for c in run.cases]
+    whole = rows(run_cases(cases, 1500, 1e-6, 0, workers=1))
+    monkeypatch.setattr(scheduler, "should_split", lambda *args: True)
+    monkeypatch.syspath_prepend(str(ROOT))
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        split = rows(run_cases(cases, 1500, 1e-6, 0, backend="ray", address=cluster.address))
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    assert split == whole and [r["verdict"] for r in whole] == ["lossless", "not_lossless"]

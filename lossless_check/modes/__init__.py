@@ -5,7 +5,8 @@
 - ``provenance`` (:mod:`.provenance`): exact and white-box, no sampling error;
 - ``all``: step with provenance beside it (a run adds generate mode for each case).
 
-:func:`run_case` is the one task the engine runs per case, in any process.
+:func:`run_case` is the one task the engine runs per case, in any process; :func:`chunked_run` the
+same case as chunks, for the engine to split over its workers.
 """
 
 from __future__ import annotations
@@ -86,3 +87,22 @@ def run_case(case: Case, samples: int, seed: int, alpha_case: float, sequential:
 
         return run_provenance_case(case, seed)
     raise ValueError(f"unknown mode {case.mode!r}")
+
+
+def chunked_run(case: Case, samples: int, seed: int, alpha_case: float, sequential: bool = True,
+                timeout: float = 600.0, batch_size: int | None = None):
+    """The case of :func:`run_case` (same arguments) as chunks and looks, for the engine to split over
+    its workers; ``None`` for a case that runs only as one task.
+
+    Step mode splits (:class:`~.step.StepRun`). Generate mode does not yet: a ``generate()`` call
+    may leave state behind that the next calls' random stream sees (measured: Universal's first call
+    builds its translator), so its chunks are not yet shown to be functions of their seeds alone.
+    Provenance runs one call.
+    """
+    if case.mode not in ("step", "all"):
+        return None
+    from .step import BATCH_SIZE, StepRun, skip_reason as step_skip
+
+    if step_skip(case) is not None:
+        return None
+    return StepRun(case, samples, seed, alpha_case, sequential, timeout, BATCH_SIZE if batch_size is None else batch_size)

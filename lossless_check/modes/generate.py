@@ -47,7 +47,7 @@ from ..adapters import DraftContext
 from ..adapters.assisted import constant_drafts
 from ..attribution import attribute, watching_verifier, without
 from ..analysis import position_tests, sequential_evidence, stop_sequentially, strata
-from ..engine import guarded, run_in_chunks
+from ..engine import guarded, run_in_chunks, within_deadline
 from ..errors import GeneratorFailure
 from ..expected import ExactLaws, GreedyLaws, processed
 from ..results import Case, CaseResult, one_line
@@ -380,8 +380,9 @@ def run_generate_case(case: Case, samples: int, seed: int, alpha_case: float, se
                 log_e, alpha_case, final, exact)
             return None if result is None else attribute(result, aside, stopping=gens.stopping_violations)
 
-        return run_in_chunks(case, samples, seed, sequential, timeout,
-                             lambda chunk, size, chunk_seed: collect(setup, size, case.max_new_tokens, chunk_seed),
+        return run_in_chunks(case, samples, seed, sequential,
+                             within_deadline(timeout, lambda chunk, size, chunk_seed:
+                                             collect(setup, size, case.max_new_tokens, chunk_seed)),
                              analyse_look)
 
     result = guarded(case, run)

@@ -26,7 +26,7 @@ from ..analysis import position_tests, sequential_evidence, stop_sequentially, s
 from ..attribution import accepted_impossible, attribute, without
 from ..candidates import check_candidates
 from ..compat import generator_processors, speculative_sampling
-from ..engine import guarded, run_in_chunks
+from ..engine import guarded, run_in_chunks, within_deadline
 from ..errors import GeneratorFailure, NotApplicable, Timeout
 from ..expected import UNSAMPLEABLE, ExactLaws, plain_sampling_fails, processed, unsampleable
 from ..results import POWER, Case, CaseResult, one_line
@@ -151,7 +151,11 @@ class StepCase:
     def collect(self, samples: int, seed: int, replays: int | None = None) -> Observations:
         """``samples`` trials: rows of batched calls, ``replays`` of them (chosen at random; by
         default the share of a case of ``samples`` trials) replayed at batch 1, or batch-1 calls when
-        the case does not batch. Raises :class:`~.replay.BatchMismatch` when a replay differs."""
+        the case does not batch. Raises :class:`~.replay.BatchMismatch` when a replay differs.
+
+        The trials are a function of ``seed`` alone (a split case collects chunks anywhere): the
+        session, whose building may draw random numbers, is built before the seed is set."""
+        self.session()
         torch.manual_seed(seed)
         batch_size = self.batching[0]
         replayed = np.zeros(samples, dtype=bool)
@@ -339,35 +343,78 @@ def run_step_case(case: Case, samples: int, seed: int, alpha_case: float, sequen
     Fixed (``sequential=False``): the law tests at ``alpha_case`` after ``samples`` trials.
     Sequential: :func:`~lossless_check.analysis.stop_sequentially` after each look.
     """
-    reason = skip_reason(case)
-    if reason is not None:
-        return case.result(verdict="skipped", reason=reason)
+    return StepRun(case, samples, seed, alpha_case, sequential, timeout, batch_size).run()
 
-    def run() -> CaseResult:
-        step = StepCase(case, batch_size)  # one case is one task: built once, used at every look
-        replays = replays_per_chunk(samples)
 
-        def collect(chunk: int, size: int, seed_: int) -> Observations:
-            return step.collect(size, seed_, replays[chunk])
+class StepRun:
+    """A step case as seeded chunks and looks: run whole (:meth:`run`), or split, its chunks collected
+    elsewhere (:meth:`collect_here` in :attr:`state`) for ``run(fetch)`` (:mod:`lossless_check.scheduler`)."""
 
-        def analyse(parts: list[Observations], final: bool) -> CaseResult | None:
-            obs = Observations.concatenate(parts)
-            # Accepted drafts of target probability 0 are the verifier's doing: set aside (attribution).
-            aside = accepted_impossible(obs.emitted, obs.n_matches, step.laws.target)
-            obs = without(obs, aside >= 0)
-            if not sequential:
-                return attribute(step.analyse(obs, alpha_case), aside, obs.impossible_drafts)
-            log_e, outside_support = step.evidence(obs)
-            exact = bool(obs.impossible_drafts) or outside_support
-            result = stop_sequentially(lambda trials, alpha: step.analyse(obs if trials is None else obs.head(trials),
-                                                                          alpha),
-                                       log_e, alpha_case, final, exact)
-            return None if result is None else attribute(result, aside, obs.impossible_drafts)
+    def __init__(self, case: Case, samples: int, seed: int, alpha_case: float, sequential: bool = True,
+                 timeout: float = 600.0, batch_size: int = BATCH_SIZE):
+        self.case, self.samples, self.seed, self.alpha_case = case, samples, seed, alpha_case
+        self.sequential, self.timeout, self.batch_size = sequential, timeout, batch_size
+        self.replays = replays_per_chunk(samples)
+        self._step: StepCase | None = None
+        self._batch_1: str | None = None
 
-        try:
-            return run_in_chunks(case, samples, seed, sequential, timeout, collect, analyse)
-        except BatchMismatch as exc:  # batched rows say nothing of the real loop: start again at batch 1
-            step.run_at_batch_1(str(exc))
-            return run_in_chunks(case, samples, seed, sequential, timeout, collect, analyse)
+    @property
+    def step(self) -> StepCase:
+        """The case's stubs, processors and generator, built on first use (inside :func:`guarded`)."""
+        if self._step is None:
+            self._step = StepCase(self.case, self.batch_size)
+            if self._batch_1 is not None:
+                self._step.run_at_batch_1(self._batch_1)
+        return self._step
 
-    return guarded(case, run)
+    @property
+    def state(self) -> str | None:
+        """What a process collecting this case's chunks must know: why it moved to batch 1, or ``None``."""
+        return self._batch_1
+
+    def restore(self, state: str | None) -> None:
+        """Collect as a run in ``state`` (:attr:`state`) does."""
+        self._batch_1 = state
+        if self._step is not None and state is not None:
+            self._step.run_at_batch_1(state)
+
+    def facts(self):
+        """What the generator was built with here (e.g. a fast tokenizer's vocabulary order, per process)."""
+        return getattr(self.step.session(), "facts", None)
+
+    def collect_here(self, chunk: int, size: int, chunk_seed: int) -> Observations:
+        """One chunk, collected in this process under the per-chunk deadline."""
+        return within_deadline(self.timeout, lambda c, n, s: self.step.collect(n, s, self.replays[c]))(
+            chunk, size, chunk_seed)
+
+    def analyse(self, parts: list[Observations], final: bool) -> CaseResult | None:
+        """The look over ``parts`` (the chunks so far, in order): a result, or ``None`` to go on."""
+        step, alpha_case = self.step, self.alpha_case
+        obs = Observations.concatenate(parts)
+        # Accepted drafts of target probability 0 are the verifier's doing: set aside (attribution).
+        aside = accepted_impossible(obs.emitted, obs.n_matches, step.laws.target)
+        obs = without(obs, aside >= 0)
+        if not self.sequential:
+            return attribute(step.analyse(obs, alpha_case), aside, obs.impossible_drafts)
+        log_e, outside_support = step.evidence(obs)
+        exact = bool(obs.impossible_drafts) or outside_support
+        result = stop_sequentially(lambda trials, alpha: step.analyse(obs if trials is None else obs.head(trials), alpha),
+                                   log_e, alpha_case, final, exact)
+        return None if result is None else attribute(result, aside, obs.impossible_drafts)
+
+    def run(self, fetch=None) -> CaseResult:
+        """The result; ``fetch(chunk, size, chunk_seed)`` gets each chunk (default: collected here)."""
+        case = self.case
+        reason = skip_reason(case)
+        if reason is not None:
+            return case.result(verdict="skipped", reason=reason)
+        fetch = fetch or self.collect_here
+
+        def run() -> CaseResult:
+            try:
+                return run_in_chunks(case, self.samples, self.seed, self.sequential, fetch, self.analyse)
+            except BatchMismatch as exc:  # batched rows say nothing of the real loop: start again at batch 1
+                self.restore(str(exc))
+                return run_in_chunks(case, self.samples, self.seed, self.sequential, fetch, self.analyse)
+
+        return guarded(case, run)

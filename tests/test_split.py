@@ -1,0 +1,87 @@
+"""A case split across workers gives the unsplit run's result: same verdicts, sample counts, p-values.
+
+The split is forced (every case splits, however small) so that the cases stay quick; what it
+covers: a clean case that runs to the end, a bug caught at an early look, a case whose batched rows
+differ from their batch-1 replays (it starts again at batch 1, in the driver and the workers alike),
+and a case built under per-process facts (a fast tokenizer's vocabulary order), which runs whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from lossless_check import scheduler
+from lossless_check.api import cases_for, run_cases
+from lossless_check.scheduler import MIN_SPLIT_SECONDS, should_split
+
+GENERATORS = ["DFlashTokenCandidateGenerator", "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits",
+              "fixtures.mutants.dflash_greedy_at_batch_1:DFlashGreedyAtBatch1"]
+#: What two runs of the same cases may differ in: the time they took.
+TIMINGS = ("seconds", "samples_per_second")
+
+
+def rows(result) -> list[dict]:
+    return [{k: v for k, v in dataclasses.asdict(c).items() if k not in TIMINGS} for c in result.cases]
+
+
+def test_a_case_splits_only_where_workers_would_idle():
+    big = 4 * MIN_SPLIT_SECONDS
+    assert not should_split(big, big, 1, slots=1)  # one worker: nothing to share
+    assert not should_split(MIN_SPLIT_SECONDS / 2, MIN_SPLIT_SECONDS / 2, 1, slots=2)  # too small to pay
+    assert should_split(big, big, 1, slots=2)  # a run of one case
+    assert should_split(big, big + 1, 2, slots=4)  # the run's tail: fewer cases than workers
+    assert not should_split(big, 100 * big, 50, slots=2)  # many cases keep every worker busy
+    assert should_split(big, big + 3.0, 4, slots=2)  # it would end the run alone
+
+
+def test_split_cases_give_the_unsplit_runs_json(monkeypatch):
+    cases = cases_for(GENERATORS, ["top_k=3"], None, "step", "iid8")
+    # Its own family: its p-value depends on the order its process drew, and Holm's adjustment of
+    # the other cases on its p-value.
+    fast = cases_for(["UniversalSpeculativeDecodingGenerator"], ["top_k=3"], None, "step", "iid32-fast-tokenizers")
+    whole = run_cases(cases, 1500, 1e-6, 0, workers=1)
+    split, ran_whole = [], []
+    original = scheduler.SplitCase.__init__
+
+    def counted(self, index, *args, **kwargs):
+        split.append(index)
+        original(self, index, *args, **kwargs)
+
+    real_fetch = scheduler.SplitCase.fetch
+
+    def fetch(self, *args):
+        try:
+            return real_fetch(self, *args)
+        except scheduler._NotSplittable:
+            ran_whole.append(self.index)
+            raise
+
+    monkeypatch.setattr(scheduler.SplitCase, "__init__", counted)
+    monkeypatch.setattr(scheduler.SplitCase, "fetch", fetch)
+    monkeypatch.setattr(scheduler, "should_split", lambda *args: True)
+    on_two = run_cases(cases, 1500, 1e-6, 0, workers=2)
+    assert sorted(set(split)) == [0, 1, 2]
+    before = rows(whole)
+    assert before == rows(on_two)
+    assert [r["verdict"] for r in before] == ["lossless", "not_lossless", "not_lossless"]
+    assert before[2]["batch"]["note"].startswith("batch 1: row ")  # started again at batch 1
+    assert before[1]["samples"] < 1500  # stopped at an early look
+
+    split.clear()
+    [result] = run_cases(fast, 1500, 1e-6, 0, workers=2).cases
+    assert split == [0] and ran_whole == [0]  # its chunks came from other processes' vocabulary orders
+    assert result.verdict in ("lossless", "not_lossless") and result.generator_facts["vocabulary_order"]
+
+
+def test_a_chunks_trials_do_not_depend_on_the_chunks_collected_before():
+    """What splitting rests on: chunk 2 collected in a fresh process equals chunk 2 after chunks 0 and 1."""
+    import numpy as np
+
+    from lossless_check.engine import chunk_plan
+    from lossless_check.modes.step import StepRun
+
+    [case] = cases_for(["AssistedCandidateGenerator"], ["top_k=3"], None, "step", "markov8")
+    seen = StepRun(case, 1000, 0, 1e-6)
+    parts = [seen.collect_here(c, *chunk_plan(case, 1000, 0, c)) for c in range(3)]
+    fresh = StepRun(case, 1000, 0, 1e-6).collect_here(2, *chunk_plan(case, 1000, 0, 2))
+    assert np.array_equal(parts[2].emitted, fresh.emitted) and np.array_equal(parts[2].n_matches, fresh.n_matches)
