@@ -121,6 +121,30 @@ class OneHotEmbedding(nn.Module):
         return torch.nn.functional.one_hot(input_ids, self.num_embeddings).to(self.weight.dtype)
 
 
+class RowSelectHead(nn.Linear):
+    """A real output projection that maps a one-hot *row selector* to that row of a logits table.
+
+    ``weight`` is the table transposed (``V x R`` for ``R`` rows), so a hidden state that is the
+    one-hot of row ``i`` projects to row ``i`` exactly: each logit is ``1 * x`` plus zeros (in any of
+    :data:`~lossless_check.tables.LOGITS_DTYPES`, as products with 0 and sums of signed zeros are
+    exact). It is an ``nn.Linear`` with a real weight, so code that prunes or re-indexes a head
+    (``prune_linear_layer``, the vocabulary translator) acts on it as on a model's, at ``V x R`` floats
+    instead of a ``V x V`` identity. ``-inf`` logits are stored as the dtype's lowest finite value
+    (``0 * -inf`` would be NaN): the softmax gives both exactly 0.
+    """
+
+    def __init__(self, rows: torch.Tensor):
+        super().__init__(rows.shape[0], rows.shape[1], bias=False, dtype=rows.dtype)
+        with torch.no_grad():
+            self.weight.copy_(torch.nan_to_num(rows.T, neginf=torch.finfo(rows.dtype).min))
+        self.weight.requires_grad_(False)
+
+    @staticmethod
+    def selector(index: torch.Tensor, rows: int, dtype: torch.dtype) -> torch.Tensor:
+        """The hidden state that selects row ``index`` (one-hot, ``rows`` wide)."""
+        return torch.nn.functional.one_hot(index, rows).to(dtype)
+
+
 def _mixin_prepares_inputs() -> bool:
     """Whether the installed ``GenerationMixin`` has a generic ``prepare_inputs_for_generation``
     (4.45 on); before it, every model wrote its own, and ``can_generate()`` was False without one."""
@@ -191,16 +215,18 @@ class FixedLogitsLM(*((_LegacyGenerationInputs,) if LEGACY_GENERATION else ()), 
     def get_output_embeddings(self):
         return self.lm_head
 
-    def table_logits(self, token_positions: torch.Tensor, previous_tokens: torch.Tensor) -> torch.Tensor:
-        """Logits rows for predicted tokens at absolute ``token_positions``, given the tokens before them."""
+    def table_row_index(self, token_positions: torch.Tensor, previous_tokens: torch.Tensor) -> torch.Tensor:
+        """Index of the table row for predicted tokens at absolute ``token_positions``, given the tokens before them."""
         kind = self.config.table_kind
         if kind == "iid":
-            idx = torch.zeros_like(token_positions)
-        elif kind == "per_position":
-            idx = (token_positions - self.config.prompt_length).clamp(0, self.table_rows.shape[0] - 1)
-        else:
-            idx = previous_tokens
-        return self.table_rows[idx]
+            return torch.zeros_like(token_positions)
+        if kind == "per_position":
+            return (token_positions - self.config.prompt_length).clamp(0, self.table_rows.shape[0] - 1)
+        return previous_tokens
+
+    def table_logits(self, token_positions: torch.Tensor, previous_tokens: torch.Tensor) -> torch.Tensor:
+        """Logits rows for predicted tokens at absolute ``token_positions``, given the tokens before them."""
+        return self.table_rows[self.table_row_index(token_positions, previous_tokens)]
 
     def forward(
         self,
