@@ -346,15 +346,19 @@ def _lm_tables(seed: int = 20261226) -> tuple[FixedLogits, FixedLogits]:
     return FixedLogits.per_position(np.round(target, 3)), FixedLogits.per_position(np.round(drafter, 3))
 
 
+def _quantile_name(level: float) -> str:
+    return "median" if level == 0.5 else f"p{round(level * 100):02d}"
+
+
 def quantile_summary(values: np.ndarray, levels=(0.05, 0.25, 0.5, 0.75, 0.95)) -> str:
     """``p05 0.48, p25 0.76, ...`` of ``values`` (linear interpolation, as numpy's default)."""
-    names = {0.5: "median"}
-    return ", ".join(f"{names.get(q, f'p{round(q * 100):02d}')} {np.quantile(values, q):.2f}" for q in levels)
+    return ", ".join(f"{_quantile_name(q)} {np.quantile(values, q):.2f}" for q in levels)
 
 
 def _lm49k() -> Scenario:
     target, drafter = _lm_tables()
     kept = quantile_summary(kept_mass(drafter.rows, LM_TOP_K))
+    upstream = ", ".join(f"{_quantile_name(q)} {z:.2f}" for q, z in UPSTREAM_KEPT_MASS.items() if 0 < q < 1)
     return Scenario(
         name="lm49k",
         target=target,
@@ -362,8 +366,8 @@ def _lm49k() -> Scenario:
         prompt=(3, 1, 4),
         gamma=3,
         description=(f"vocabulary {VOCAB_LM:,} (SmolLM2's), {LM_POSITIONS} positions whose drafter keeps raw mass "
-                     f"{kept} at top_k={LM_TOP_K} (measured; upstream #47932: p05 0.48, p25 0.76, median 0.88, "
-                     f"p75 0.96, p95 0.99); the first positions walk the quantiles from the median"),
+                     f"{kept} at top_k={LM_TOP_K} (measured; upstream #47932: {upstream}); the first positions "
+                     f"walk the quantiles from the median"),
     )
 
 
