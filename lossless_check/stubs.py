@@ -130,7 +130,8 @@ class RowSelectHead(nn.Linear):
     ``weight`` is the table transposed (``V x R`` for ``R`` rows), so a hidden state that is the
     one-hot of row ``i`` projects to row ``i`` exactly: each logit is ``1 * x`` plus zeros (in any of
     :data:`~lossless_check.tables.LOGITS_DTYPES`, as products with 0 and sums of signed zeros are
-    exact). It is an ``nn.Linear`` with a real weight, so code that prunes or re-indexes a head
+    exact; a one-hot input is answered by a gather of the same values). It is an ``nn.Linear``
+    with a real weight, so code that prunes or re-indexes a head
     (``prune_linear_layer``, the vocabulary translator) acts on it as on a model's, at ``V x R`` floats
     instead of a ``V x V`` identity. ``-inf`` logits are stored as the dtype's lowest finite value
     (``0 * -inf`` would be NaN): the softmax gives both exactly 0.
@@ -141,6 +142,15 @@ class RowSelectHead(nn.Linear):
         with torch.no_grad():
             self.weight.copy_(torch.nan_to_num(rows.T, neginf=torch.finfo(rows.dtype).min))
         self.weight.requires_grad_(False)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        # A one-hot selector (what the stubs emit) is answered by a gather, bitwise what the matrix
+        # product gives: the product of 512 MTP rows with a 49,152 x 126 weight took 1 s a layer.
+        # Anything else (never emitted by the stubs) gets the product.
+        index = hidden.max(dim=-1).indices  # not argmax: provenance reads argmax as a draft rule
+        if torch.equal(hidden, self.selector(index, self.in_features, hidden.dtype)):
+            return self.weight.T[index]
+        return super().forward(hidden)
 
     @staticmethod
     def selector(index: torch.Tensor, rows: int, dtype: torch.dtype) -> torch.Tensor:

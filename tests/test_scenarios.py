@@ -560,8 +560,10 @@ def test_row_select_head_projects_exactly_in_every_dtype():
         rows = torch.tensor(np.concatenate([rows64, rows64[:, ::-1] - 1.0]), dtype=torch.float64).to(dtype)
         head = RowSelectHead(rows)
         for i in range(rows.shape[0]):
-            out = head(RowSelectHead.selector(torch.tensor([i]), rows.shape[0], dtype))
-            assert torch.equal(out[0], rows[i])
+            selector = RowSelectHead.selector(torch.tensor([i]), rows.shape[0], dtype)
+            out = head(selector)
+            # The gather a one-hot input gets is bitwise the real matrix product.
+            assert torch.equal(out[0], rows[i]) and torch.equal(torch.nn.Linear.forward(head, selector)[0], rows[i])
         with torch.no_grad():
             head.weight[7, 0] += 1.0
         assert not torch.equal(head(RowSelectHead.selector(torch.tensor([0]), rows.shape[0], dtype))[0], rows[0])
