@@ -7,6 +7,8 @@
    drafts drawn from the processed drafter law with ``torch.multinomial``, the cached processed
    target logits, the installed ``_speculative_sampling``, nothing else. Arms interleaved in blocks
    so machine noise hits both alike; the harness at batch 1 (what it did before batching) beside.
+   The same at V = 32,000 (``zipf32k``, ``top_p=0.9``) and 49,152 (``lm49k``, ``top_k=50``), where the
+   bare loop's laws are one tensor per position (:func:`bare_verifier_loop_large`).
 2. scaling: the same cases with --workers 1 and 2 (identical results asserted).
 3. samples to verdict for every negative control of the mutation catalog at family alpha 1e-6:
    the fixed-N test (the planned N at which it has power 0.99) vs the sequential test (trials to
@@ -97,6 +99,56 @@ def throughput(generator: str, trials: int, blocks: int = 4) -> dict:
             "batch_note": batched.batching[1]}
 
 
+#: Large-vocabulary throughput cases: ``(scenario, warpers)`` at V = 32,000 and 49,152.
+LARGE_VOCABULARY_CASES = (("zipf32k", {"top_p": 0.9}), ("lm49k", {"top_k": 50}))
+
+
+def bare_verifier_loop_large(step: StepCase, trials: int) -> float:
+    """:func:`bare_verifier_loop` at a large vocabulary, where drafted prefixes cannot be enumerated:
+    with a drafter and target table that do not read the previous token (``iid``, ``per_position``)
+    and a history-free stack, each position's processed laws are one tensor, computed once, untimed."""
+    scenario = step.case.scenario
+    assert "markov" not in (scenario.target.kind, scenario.drafter.kind), "the laws must not depend on the tokens"
+    gamma, prompt = step.positions - 1, step.prompt_ids
+    laws = [torch.tensor(step.laws.drafter((0,) * j), dtype=torch.float32) for j in range(gamma)]
+    log_laws = torch.stack([torch.log(q) for q in laws])[None]
+    target = step.processed_target_logits(torch.cat([prompt, torch.zeros(1, gamma, dtype=torch.long)], dim=1))
+    started = time.perf_counter()
+    with torch.no_grad():
+        for _ in range(trials):
+            drafts = torch.cat([torch.multinomial(q, 1) for q in laws])[None]
+            step.verify(torch.cat([prompt, drafts], dim=1), log_laws, gamma, target.clone())
+    return time.perf_counter() - started
+
+
+def throughput_large(generator: str, scenario: str, warpers: dict, trials: int, blocks: int = 2) -> dict:
+    """The harness (batched) against :func:`bare_verifier_loop_large` on a large-vocabulary scenario."""
+    case = Case(resolve_generator(generator), warpers, scenario=SCENARIOS[scenario])
+    step = StepCase(case)
+    bare = harness = 0.0
+    per_block = trials // blocks
+    for block in range(blocks):
+        bare += bare_verifier_loop_large(step, per_block)
+        harness += step.collect(per_block, seed=block).seconds
+    n = per_block * blocks
+    return {"generator": generator, "scenario": scenario, "vocab": case.scenario.vocab_size, "trials": n,
+            "bare_samples_per_s": n / bare, "harness_samples_per_s": n / harness, "ratio": bare / harness,
+            "batch_note": step.batching[1]}
+
+
+def print_large_throughput(rows: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="step-mode throughput at large vocabularies: harness vs the bare-verifier loop (one process)")
+    for col in ("generator", "scenario", "bare verifier samples/s", "harness samples/s", "harness / bare"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(row["generator"], f"{row['scenario']} (V={row['vocab']:,})", f"{row['bare_samples_per_s']:.0f}",
+                      f"{row['harness_samples_per_s']:.0f}", f"{row['ratio']:.2f}x")
+    Console().print(table)
+
+
 def scaling(samples: int) -> dict:
     stacks = ({}, {"top_k": 3}, {"temperature": 0.6}, {"top_p": 0.7})
     cases = [Case(resolve_generator(g), w, scenario=SCENARIOS["iid8"]) for g in ("DFlashTokenCandidateGenerator",
@@ -159,11 +211,19 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run of the benchmark itself)")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--large-only", action="store_true", help="only the large-vocabulary throughput table")
     args = parser.parse_args()
     size = 400 if args.quick else 2000
+    large = [throughput_large(g, name, w, 500 if args.quick else 2000)
+             for name, w in LARGE_VOCABULARY_CASES for g in THROUGHPUT_GENERATORS]
+    if args.large_only:
+        print_large_throughput(large)
+        print(json.dumps(large, indent=2))
+        return
     report = {
         # Blocks of 2,000 trials: full 512-row calls (blocks of 500 measure a batched call's fixed cost).
         "throughput": [throughput(g, 400 if args.quick else 8000) for g in THROUGHPUT_GENERATORS],
+        "throughput_large": large,
         "scaling": scaling(size * 2),
         "samples_to_verdict": samples_to_verdict(2 if args.quick else 8, 5000),
         "clean_pass": clean_pass(0.2 if args.quick else 0.1),
@@ -181,6 +241,7 @@ def main() -> None:
         table.add_row(row["generator"], f"{row['bare_samples_per_s']:.0f}", f"{row['harness_samples_per_s']:.0f}",
                       f"{row['ratio']:.2f}x", f"{row['batch1_samples_per_s']:.0f}", f"{row['batching_speedup']:.1f}x")
     console.print(table)
+    print_large_throughput(report["throughput_large"])
     s = report["scaling"]
     console.print(f"scaling: workers 1 -> 2 speedup {s['speedup']:.2f}x on {s['cores']} cores "
                   f"({s['seconds_1']:.1f}s vs {s['seconds_2']:.1f}s), identical results")

@@ -134,7 +134,9 @@ class ExactLaws:
         while stack:
             prefix, weight = stack.pop()
             visited += 1
-            if visited > MAX_ENUMERATED_PREFIXES:
+            # Every stacked prefix will be visited: past the cap already, give up before computing
+            # the laws of prefixes whose sum is never used (2,500 laws, 3 s, at V = 49,152).
+            if visited + len(stack) > MAX_ENUMERATED_PREFIXES:
                 return None
             if len(prefix) == gamma:
                 law[gamma] += weight

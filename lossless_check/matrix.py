@@ -131,7 +131,7 @@ def matrix(name: str) -> list[dict[str, Any]]:
 MATRIX_NAMES = ("smoke", "default", "full")
 
 #: Real-world cases the ``default`` and ``full`` matrices add for every generator, beside their stacks
-#: on the default scenario: ``(scenario, stack)``. A large vocabulary under nucleus sampling (where
+#: on the default scenario: ``(scenario, stack)``. A real vocabulary under ``top_k=50``, a large vocabulary under nucleus sampling (where
 #: raw-logits and tail bugs live; each case costs about 60-80 s of one core at 5,000 trials, as the
 #: drafter's real top-p sorts 32,000 logits per token) and real fast tokenizers (Universal's hash-order
 #: bug). Step-side modes only: generate mode runs them through :func:`lossless_check.check` or
@@ -139,6 +139,9 @@ MATRIX_NAMES = ("smoke", "default", "full")
 REAL_WORLD_SLICES: tuple[tuple[str, dict[str, Any]], ...] = (
     ("zipf32k", {"top_p": 0.9}),
     ("iid32-fast-tokenizers", {}),
+    # A real vocabulary at real effect sizes: generate()'s default top_k on SmolLM2-like laws, where
+    # the raw-logits bug moves the output by upstream's TVs (#47932).
+    ("lm49k", {"top_k": 50}),
 )
 
 

@@ -7,7 +7,10 @@ single token dominates, and mass is spread over more tokens than ``top_k=3`` kee
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import lru_cache
+from typing import Callable
 
 import numpy as np
 
@@ -65,6 +68,13 @@ class Scenario:
             raise UsageError(f"scenario {self.name!r}: tokenizers must be one of {', '.join(TOKENIZER_KINDS)}")
         if self.gamma < 1:
             raise UsageError(f"scenario {self.name!r}: gamma must be >= 1")
+
+    def __reduce__(self):
+        # A registered scenario travels to a worker by name (rebuilt, or taken from the worker's
+        # cache, there): lm49k's tables are 50 MB, sent with every case task otherwise.
+        if SCENARIOS.built(self.name) is self:
+            return (_registered, (self.name,))
+        return super().__reduce__()
 
     @property
     def vocab_size(self) -> int:
@@ -253,6 +263,146 @@ PADDED_DRAFTER = Scenario(
     description=f"iid8 with the drafter's lm_head padded to {VOCAB + DRAFTER_PADDING} columns (padding logits 0)",
 )
 
-SCENARIOS = {s.name: s for s in (DEFAULT, IID, FAST_TOKENIZERS, ID_ORDERED_VOCAB, BPE_FAST_TOKENIZERS,
-                                 BPE_ID_ORDERED_VOCAB, LARGE_VOCAB, MARKOV_BF16, LARGE_VOCAB_BF16, LARGE_VOCAB_FP16,
-                                 PADDED_DRAFTER)}
+# --- A real vocabulary at real effect sizes ---------------------------------------------------------
+
+#: SmolLM2's vocabulary (the drafter/target pair of transformers issue #47932).
+VOCAB_LM = 49_152
+#: The ``top_k`` whose kept mass the scenario reproduces: ``generate()``'s default.
+LM_TOP_K = 50
+#: Quantiles of Z, the raw drafter mass ``top_k=50`` keeps, over 477 real next-token positions of
+#: SmolLM2-135M drafting for SmolLM2-360M (transformers issue #47932): ``{quantile level: Z}``. The
+#: ends are its worst position (acceptance-ratio inflation 7.7577x, Z = 0.129) and Z -> 1.
+UPSTREAM_KEPT_MASS = {0.0: 1 / 7.7577, 0.05: 0.4795, 0.25: 0.7638, 0.5: 0.8815, 0.75: 0.9605, 0.95: 0.9922,
+                      1.0: 0.9995}
+#: The same positions' total variation between committed tokens and the target when the raw q is
+#: returned (the raw-logits bug), for comparison with :func:`raw_logits_tv` (not used to build anything).
+UPSTREAM_RAW_LOGITS_TV = {0.05: 0.0024, 0.25: 0.0184, 0.5: 0.0485, 0.75: 0.0979, 0.95: 0.2023}
+#: Positions (rows) of the lm49k tables: 2**6 - 1, so that their quantile levels j / 64 are symmetric.
+LM_POSITIONS = 63
+#: Gaussian noise (in logits) between the drafter's and the target's row: the scenario's one free
+#: parameter, set so that the acceptance rate (0.75 at top_k=50) and the raw-logits TV quantiles
+#: land near upstream's (0.73; p25 0.018, median 0.049, p75 0.098). Measured, not asserted: see
+#: ``tests/test_scenarios.py`` and the README.
+LM_NOISE = 0.7
+
+
+def quantile_levels(n: int) -> np.ndarray:
+    """``n = 2**m - 1`` quantile levels ``j / 2**m`` in van der Corput order (0.5, 0.25, 0.75,
+    0.125, ...): every first ``k`` positions of a generation spread over the distribution as evenly
+    as ``k`` points can, and the first position, where every step-mode trial lands, is the median."""
+    m = int(round(np.log2(n + 1)))
+    if 2**m - 1 != n:
+        raise UsageError(f"quantile_levels needs n = 2**m - 1, got {n}")
+    levels = []
+    for i in range(1, n + 1):
+        bits = format(i, f"0{m}b")[::-1]
+        levels.append(int(bits, 2) / 2**m)
+    return np.array(levels)
+
+
+def kept_mass(rows: np.ndarray, k: int) -> np.ndarray:
+    """Raw softmax mass (float64) of the ``k`` largest logits of each row: what ``top_k=k`` keeps."""
+    rows = np.atleast_2d(np.asarray(rows, dtype=np.float64))
+    shifted = np.exp(rows - rows.max(axis=1, keepdims=True))
+    top = np.partition(shifted, -k, axis=1)[:, -k:].sum(axis=1)
+    return top / shifted.sum(axis=1)
+
+
+def _zipf_exponents(kept: np.ndarray, vocab: int, k: int) -> np.ndarray:
+    """Exponents ``s`` whose Zipf law ``p(rank r) ~ r^-s`` over ``vocab`` tokens keeps ``kept`` in its top ``k``
+    (Z is increasing in s: interpolation on a grid, then three secant steps per row)."""
+    log_rank = np.log(np.arange(1, vocab + 1))
+
+    def z(s: np.ndarray) -> np.ndarray:
+        w = np.exp(-np.outer(s, log_rank))
+        return w[:, :k].sum(axis=1) / w.sum(axis=1)
+
+    grid = np.linspace(0.3, 4.0, 48)
+    s = np.interp(kept, z(grid), grid)
+    step = np.full_like(s, 1e-3)
+    for _ in range(3):
+        here, there = z(s), z(s + step)
+        slope = np.where(there != here, (there - here) / step, 1.0)
+        s = s + (kept - here) / slope
+    return s
+
+
+@lru_cache(maxsize=None)
+def _lm_tables(seed: int = 20261226) -> tuple[FixedLogits, FixedLogits]:
+    """The lm49k pair: row ``j`` is the ``j``-th generated position. The drafter's row is a Zipf law
+    (over a seeded random ranking of the vocabulary) whose exponent makes its kept mass at
+    ``top_k=50`` the upstream quantile :func:`quantile_levels` gives the position; the target's row
+    is the drafter's plus :data:`LM_NOISE` Gaussian noise (rounded to 3 decimals, as the others)."""
+    rng = np.random.default_rng(seed)
+    levels = quantile_levels(LM_POSITIONS)
+    kept = np.interp(levels, list(UPSTREAM_KEPT_MASS), list(UPSTREAM_KEPT_MASS.values()))
+    exponents = _zipf_exponents(kept, VOCAB_LM, LM_TOP_K)
+    log_rank = np.log(np.arange(1, VOCAB_LM + 1))
+    drafter = np.empty((LM_POSITIONS, VOCAB_LM))
+    target = np.empty((LM_POSITIONS, VOCAB_LM))
+    for j, s in enumerate(exponents):
+        drafter[j, rng.permutation(VOCAB_LM)] = -s * log_rank
+        target[j] = drafter[j] + rng.normal(scale=LM_NOISE, size=VOCAB_LM)
+    return FixedLogits.per_position(np.round(target, 3)), FixedLogits.per_position(np.round(drafter, 3))
+
+
+def _quantile_name(level: float) -> str:
+    return "median" if level == 0.5 else f"p{round(level * 100):02d}"
+
+
+def quantile_summary(values: np.ndarray, levels=(0.05, 0.25, 0.5, 0.75, 0.95)) -> str:
+    """``p05 0.48, p25 0.76, ...`` of ``values`` (linear interpolation, as numpy's default)."""
+    return ", ".join(f"{_quantile_name(q)} {np.quantile(values, q):.2f}" for q in levels)
+
+
+def _lm49k() -> Scenario:
+    target, drafter = _lm_tables()
+    kept = quantile_summary(kept_mass(drafter.rows, LM_TOP_K))
+    upstream = ", ".join(f"{_quantile_name(q)} {z:.2f}" for q, z in UPSTREAM_KEPT_MASS.items() if 0 < q < 1)
+    return Scenario(
+        name="lm49k",
+        target=target,
+        drafter=drafter,
+        prompt=(3, 1, 4),
+        gamma=3,
+        description=(f"vocabulary {VOCAB_LM:,} (SmolLM2's), {LM_POSITIONS} positions whose drafter keeps raw mass "
+                     f"{kept} at top_k={LM_TOP_K} (measured; upstream #47932: {upstream}); the first positions "
+                     f"walk the quantiles from the median"),
+    )
+
+
+class ScenarioRegistry(Mapping):
+    """Scenarios by name; a costly one is built on first use (then kept: the same object every time)."""
+
+    def __init__(self, scenarios: list[Scenario], builders: dict[str, Callable[[], Scenario]]):
+        self._built = {s.name: s for s in scenarios}
+        self._builders = dict(builders)
+        self._order = [s.name for s in scenarios] + list(builders)
+
+    def __getitem__(self, name: str) -> Scenario:
+        if name not in self._built:
+            if name not in self._builders:
+                raise KeyError(name)
+            self._built[name] = self._builders[name]()
+        return self._built[name]
+
+    def built(self, name: str) -> Scenario | None:
+        """The scenario if it is registered and already built (no building)."""
+        return self._built.get(name)
+
+    def __iter__(self):
+        return iter(self._order)
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+
+def _registered(name: str) -> Scenario:
+    return SCENARIOS[name]
+
+
+SCENARIOS = ScenarioRegistry(
+    [DEFAULT, IID, FAST_TOKENIZERS, ID_ORDERED_VOCAB, BPE_FAST_TOKENIZERS, BPE_ID_ORDERED_VOCAB, LARGE_VOCAB,
+     MARKOV_BF16, LARGE_VOCAB_BF16, LARGE_VOCAB_FP16, PADDED_DRAFTER],
+    {"lm49k": _lm49k},
+)

@@ -72,7 +72,10 @@ class FixedLogitsConfig(PretrainedConfig):
     @classmethod
     def for_table(cls, table: FixedLogits, prompt_length: int, **kwargs) -> "FixedLogitsConfig":
         """The config of a stub emitting ``table`` (its rows, kind and dtype)."""
-        return cls(vocab_size=table.vocab_size, table_kind=table.kind, table_rows=table.rows.tolist(),
+        # The rows stay a (read-only) array: ``generate()`` deep-copies the config (``to_dict``, from
+        # ``GenerationConfig.from_model_config``), and a list of lm49k's 3.1M Python floats took 14 s
+        # a copy (an array: a memcpy).
+        return cls(vocab_size=table.vocab_size, table_kind=table.kind, table_rows=table.rows,
                    prompt_length=prompt_length, table_dtype=table.dtype, **kwargs)
 
 
@@ -115,7 +118,44 @@ class OneHotEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.zeros(0, dtype=dtype), requires_grad=False)  # device and dtype only
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.one_hot(input_ids, self.num_embeddings).to(self.weight.dtype)
+        # Written in the weight's dtype directly: one_hot's int64 rows, then a copy, took 2 of DFlash's
+        # 21 ms per trial on lm49k (a noise block of 512 rows x 4 tokens x 49,152).
+        out = torch.zeros(*input_ids.shape, self.num_embeddings, dtype=self.weight.dtype)
+        return out.scatter_(-1, input_ids[..., None], 1)
+
+
+class RowSelectHead(nn.Linear):
+    """A real output projection that maps a one-hot *row selector* to that row of a logits table.
+
+    ``weight`` is the table transposed (``V x R`` for ``R`` rows), so a hidden state that is the
+    one-hot of row ``i`` projects to row ``i`` exactly: each logit is ``1 * x`` plus zeros (in any of
+    :data:`~lossless_check.tables.LOGITS_DTYPES`, as products with 0 and sums of signed zeros are
+    exact; a one-hot input is answered by a gather of the same values). It is an ``nn.Linear``
+    with a real weight, so code that prunes or re-indexes a head
+    (``prune_linear_layer``, the vocabulary translator) acts on it as on a model's, at ``V x R`` floats
+    instead of a ``V x V`` identity. ``-inf`` logits are stored as the dtype's lowest finite value
+    (``0 * -inf`` would be NaN): the softmax gives both exactly 0.
+    """
+
+    def __init__(self, rows: torch.Tensor):
+        super().__init__(rows.shape[0], rows.shape[1], bias=False, dtype=rows.dtype)
+        with torch.no_grad():
+            self.weight.copy_(torch.nan_to_num(rows.T, neginf=torch.finfo(rows.dtype).min))
+        self.weight.requires_grad_(False)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        # A one-hot selector (what the stubs emit) is answered by a gather, bitwise what the matrix
+        # product gives: the product of 512 MTP rows with a 49,152 x 126 weight took 1 s a layer.
+        # Anything else (never emitted by the stubs) gets the product.
+        index = hidden.max(dim=-1).indices  # not argmax: provenance reads argmax as a draft rule
+        if torch.equal(hidden, self.selector(index, self.in_features, hidden.dtype)):
+            return self.weight.T[index]
+        return super().forward(hidden)
+
+    @staticmethod
+    def selector(index: torch.Tensor, rows: int, dtype: torch.dtype) -> torch.Tensor:
+        """The hidden state that selects row ``index`` (one-hot, ``rows`` wide)."""
+        return torch.nn.functional.one_hot(index, rows).to(dtype)
 
 
 def _mixin_prepares_inputs() -> bool:
@@ -188,16 +228,18 @@ class FixedLogitsLM(*((_LegacyGenerationInputs,) if LEGACY_GENERATION else ()), 
     def get_output_embeddings(self):
         return self.lm_head
 
-    def table_logits(self, token_positions: torch.Tensor, previous_tokens: torch.Tensor) -> torch.Tensor:
-        """Logits rows for predicted tokens at absolute ``token_positions``, given the tokens before them."""
+    def table_row_index(self, token_positions: torch.Tensor, previous_tokens: torch.Tensor) -> torch.Tensor:
+        """Index of the table row for predicted tokens at absolute ``token_positions``, given the tokens before them."""
         kind = self.config.table_kind
         if kind == "iid":
-            idx = torch.zeros_like(token_positions)
-        elif kind == "per_position":
-            idx = (token_positions - self.config.prompt_length).clamp(0, self.table_rows.shape[0] - 1)
-        else:
-            idx = previous_tokens
-        return self.table_rows[idx]
+            return torch.zeros_like(token_positions)
+        if kind == "per_position":
+            return (token_positions - self.config.prompt_length).clamp(0, self.table_rows.shape[0] - 1)
+        return previous_tokens
+
+    def table_logits(self, token_positions: torch.Tensor, previous_tokens: torch.Tensor) -> torch.Tensor:
+        """Logits rows for predicted tokens at absolute ``token_positions``, given the tokens before them."""
+        return self.table_rows[self.table_row_index(token_positions, previous_tokens)]
 
     def forward(
         self,

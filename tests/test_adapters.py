@@ -119,16 +119,19 @@ def _translator_permutation():
 
     from lossless_check.adapters.vocabularies import assistant_lm, assistant_words, target_words, word_level_tokenizer
 
+    from lossless_check.tables import FixedLogits
+
     vocab = IID.vocab_size
     words = assistant_words(vocab)
-    assistant = assistant_lm(IID.drafter, len(IID.prompt), vocab)
+    # A drafter whose logit for target word t is t: the assistant's head (one weight column per table
+    # row, stubs.RowSelectHead) then makes each pruned logit name its own word.
+    naming = FixedLogits.iid(np.arange(vocab, dtype=np.float64))
+    assistant = assistant_lm(naming, len(IID.prompt), vocab)
     translator = AssistantVocabTranslatorCache.get_translator(
         word_level_tokenizer(target_words(vocab)), word_level_tokenizer(words), vocab,
         assistant_model=assistant, assistant_prune_lm_head=True,
     )
-    # Hidden state h[a] = target id of assistant word a: each pruned logit names its own word.
-    hidden = torch.tensor([float(target_words(vocab).index(w)) if w.startswith("w") else -1.0 for w in words])
-    pruned = assistant.get_output_embeddings()(hidden[None, None])
+    pruned = assistant.get_output_embeddings()(torch.ones(1, 1, 1))  # the selector of the table's one row
     return translator.get_target_logits(pruned)[0, 0].long().numpy()
 
 

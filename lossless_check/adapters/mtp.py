@@ -14,6 +14,14 @@ The MTP weights come from a real safetensors checkpoint, in the DeepSeek-V3 layo
 ``k`` stored as decoder layer ``num_hidden_layers + k``), written to a temporary folder. Its
 ``eh_proj`` passes the input token's (one-hot) embedding through, so a layer sees which token
 precedes the one it drafts, as a Markov drafter table needs.
+
+Past :data:`~lossless_check.stubs.DENSE_WEIGHTS_MAX_VOCAB` the hidden size is not the vocabulary
+(``eh_proj`` is a real ``2H x H`` ``nn.Linear``: 19 GB at ``H = V = 49,152``): the hidden states are
+one-hot selectors of the rows of the target and drafter tables (``H`` = their rows together), and
+the shared head is a :class:`~lossless_check.stubs.RowSelectHead` holding both tables
+(:class:`LowRankMtpLM`). ``MtpModel`` then projects each layer's output through the target's real
+head, as with a real model. A drafter that reads the previous token (``markov``) needs the
+one-hot token path and stays below the threshold.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import torch
 from torch import nn
 
 from ..errors import NotApplicable
-from ..stubs import DENSE_WEIGHTS_MAX_VOCAB, FixedLogitsConfig, FixedLogitsLM, fixed_logits_lm
+from ..stubs import DENSE_WEIGHTS_MAX_VOCAB, FixedLogitsConfig, FixedLogitsLM, RowSelectHead, fixed_logits_lm
 from .base import DraftContext, FunctionSession, GeneratorAdapter, Prefills, first_round_after_prefill, installed_release
 
 #: Releases 5.16-5.17 crop the draft after its first EOS, reading the EOS position from row 0 only and
@@ -87,16 +95,65 @@ class FixedLogitsMtpBlock(nn.Module):
         return self.table_rows[index]
 
 
+class LowRankMtpBlock(nn.Module):
+    """:class:`FixedLogitsMtpBlock` of a large vocabulary: outputs the one-hot selector of the drafter
+    row for the token the layer predicts (``iid`` or ``per_position``), which the shared
+    :class:`~lossless_check.stubs.RowSelectHead` projects to that row. Its input is not read."""
+
+    def __init__(self, config, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.table_kind = config.mtp_table_kind
+        self.prompt_length = config.prompt_length
+        self.rows, self.offset, self.width = config.mtp_rows, config.mtp_row_offset, config.hidden_size
+        self.input_norm = IdentityNorm(config.hidden_size)  # MtpModel takes its norm class from here
+        # MTPCandidateGenerator reads its device from the last layer's first parameter.
+        self.anchor = nn.Parameter(torch.zeros(1, dtype=getattr(torch, config.mtp_table_dtype)), requires_grad=False)
+
+    def forward(self, hidden_states, position_ids=None, past_key_values=None, cache=None, **kwargs):
+        past_key_values = past_key_values if past_key_values is not None else cache
+        if past_key_values is not None:  # the cache grows as attention's does
+            states = hidden_states[:, None, :, :1]  # (batch, 1 head, length, 1)
+            past_key_values.update(states, states, self.layer_idx)
+        batch, length = hidden_states.shape[:2]
+        if self.table_kind == "iid":
+            index = torch.zeros(batch, length, dtype=torch.long)
+        else:
+            index = (position_ids + 1 - self.prompt_length).clamp(0, self.rows - 1).expand(batch, length)
+        return RowSelectHead.selector(index + self.offset, self.width, hidden_states.dtype)
+
+
+def _low_rank(config) -> bool:
+    return config.vocab_size > DENSE_WEIGHTS_MAX_VOCAB
+
+
 class _Decoder(nn.Module):
     """What ``get_decoder()`` returns: the ``layers`` whose class ``MtpModel`` reuses."""
 
     def __init__(self, config):
         super().__init__()
-        self.layers = nn.ModuleList([FixedLogitsMtpBlock(config, i) for i in range(config.num_hidden_layers)])
+        block = LowRankMtpBlock if _low_rank(config) else FixedLogitsMtpBlock
+        self.layers = nn.ModuleList([block(config, i) for i in range(config.num_hidden_layers)])
+
+
+class ZeroEmbedding(nn.Module):
+    """The input embedding of :class:`LowRankMtpLM`: ``H`` zeros per token (no law here reads the token)."""
+
+    def __init__(self, width: int, dtype: torch.dtype):
+        super().__init__()
+        self.embedding_dim = width
+        self.weight = nn.Parameter(torch.zeros(0, dtype=dtype), requires_grad=False)  # device and dtype only
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(*input_ids.shape, self.embedding_dim, dtype=self.weight.dtype)
 
 
 class FixedLogitsMtpLM(FixedLogitsLM):
-    """The target stub with MTP layers in its checkpoint (target table for its own logits)."""
+    """The target stub with MTP layers in its checkpoint (target table for its own logits).
+
+    Past :data:`~lossless_check.stubs.DENSE_WEIGHTS_MAX_VOCAB`, low rank: its head holds the target's
+    and the drafter's rows, its hidden states select one of them (see the module's docstring).
+    """
 
     # MTP weights sit in the checkpoint past the main layers; MtpModel finds them through this list.
     _keys_to_ignore_on_load_unexpected = [r"model\.layers\.[1-9][0-9]*\."]
@@ -104,15 +161,39 @@ class FixedLogitsMtpLM(FixedLogitsLM):
     def __init__(self, config):
         super().__init__(config)
         self.decoder = _Decoder(config)
+        if _low_rank(config):
+            drafter = torch.tensor(config.mtp_drafter_rows, dtype=torch.float64).to(self.table_rows.dtype)
+            self.lm_head = RowSelectHead(torch.cat([self.table_rows, drafter]))
+            self.embed_tokens = ZeroEmbedding(config.hidden_size, self.table_rows.dtype)
+
+    def table_logits(self, token_positions: torch.Tensor, previous_tokens: torch.Tensor) -> torch.Tensor:
+        if not _low_rank(self.config):
+            return super().table_logits(token_positions, previous_tokens)
+        index = self.table_row_index(token_positions, previous_tokens)
+        return RowSelectHead.selector(index, self.config.hidden_size, self.table_rows.dtype)
+
+    def forward(self, input_ids=None, **kwargs):
+        out = super().forward(input_ids, **kwargs)
+        if _low_rank(self.config):
+            out.logits = self.lm_head(out.logits)  # hidden states select rows; the head gives the logits
+        return out
 
 
 def mtp_checkpoint(config: FixedLogitsConfig) -> dict[str, torch.Tensor]:
     """MTP weights in the DeepSeek-V3 checkpoint layout: ``eh_proj`` keeps the embedding half, the
     layers hold the drafter table."""
+    weights = {}
+    if _low_rank(config):
+        # The blocks read nothing from their input: eh_proj is a real 2H x H projection, all zeros.
+        dtype = getattr(torch, config.mtp_table_dtype)
+        for k in range(config.num_mtp_layers):
+            layer = f"model.layers.{config.num_hidden_layers + k}"
+            weights[f"{layer}.eh_proj.weight"] = torch.zeros(config.hidden_size, 2 * config.hidden_size, dtype=dtype)
+            weights[f"{layer}.anchor"] = torch.zeros(1, dtype=dtype)
+        return weights
     vocab = config.vocab_size
     dtype = _mtp_rows(config).dtype
     pass_embedding = torch.cat([torch.eye(vocab), torch.zeros(vocab, vocab)], dim=1).to(dtype)
-    weights = {}
     for k in range(config.num_mtp_layers):
         layer = f"model.layers.{config.num_hidden_layers + k}"
         weights[f"{layer}.eh_proj.weight"] = pass_embedding.clone()
@@ -123,22 +204,29 @@ def mtp_checkpoint(config: FixedLogitsConfig) -> dict[str, torch.Tensor]:
 def mtp_target_for(ctx: DraftContext, folder: str) -> FixedLogitsMtpLM:
     """The target stub with ``gamma`` MTP layers drafting from the drafter table, saved in ``folder``.
 
-    Raises :class:`~lossless_check.errors.NotApplicable` above
-    :data:`~lossless_check.stubs.DENSE_WEIGHTS_MAX_VOCAB`: each MTP layer's real ``eh_proj`` is a dense
-    ``V x 2V`` weight (8 GB at ``V = 32000``).
+    Past :data:`~lossless_check.stubs.DENSE_WEIGHTS_MAX_VOCAB` the stub is low rank (hidden size: the
+    two tables' rows); a ``markov`` drafter (one row per token) is then refused with
+    :class:`~lossless_check.errors.NotApplicable`.
     """
-    if ctx.scenario.vocab_size > DENSE_WEIGHTS_MAX_VOCAB:
-        raise NotApplicable(f"the MTP stub's layers hold dense V x 2V eh_proj weights (transformers' MtpModel); "
-                            f"vocabulary {ctx.scenario.vocab_size} is above {DENSE_WEIGHTS_MAX_VOCAB}")
+    scenario = ctx.scenario
+    low_rank = scenario.vocab_size > DENSE_WEIGHTS_MAX_VOCAB
+    if low_rank and "markov" in (scenario.drafter.kind, scenario.target.kind):
+        raise NotApplicable(f"a markov table over {scenario.vocab_size} tokens needs the MTP stub's one-hot token "
+                            f"path, dense up to vocabulary {DENSE_WEIGHTS_MAX_VOCAB}")
     from safetensors.torch import save_file
 
-    scenario = ctx.scenario
     plain = fixed_logits_lm(scenario.target, prompt_length=len(scenario.prompt))
     config = plain.config
     config.num_mtp_layers = scenario.gamma
     config.mtp_table_kind = scenario.drafter.kind
-    config.mtp_table_rows = scenario.drafter.rows.tolist()
+    # An array: get_mtp_config() deep-copies the config (a list of lm49k's rows: seconds per copy).
+    config.mtp_table_rows = scenario.drafter.rows
     config.mtp_table_dtype = scenario.drafter.dtype  # a half-precision model's MTP layers are half precision too
+    if low_rank:
+        config.mtp_drafter_rows, config.mtp_table_rows = config.mtp_table_rows, None
+        config.mtp_rows = scenario.drafter.rows.shape[0]
+        config.mtp_row_offset = scenario.target.rows.shape[0]
+        config.hidden_size = config.mtp_row_offset + config.mtp_rows
     config.rms_norm_eps = 1e-6
     config.dtype = scenario.drafter.torch_dtype
     config.name_or_path = folder

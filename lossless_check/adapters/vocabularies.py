@@ -32,7 +32,7 @@ from transformers import PreTrainedTokenizerFast
 
 from ..errors import NotApplicable, UsageError
 from ..scenarios import TOKENIZER_KINDS  # how a scenario's tokenizers give their vocabulary
-from ..stubs import DENSE_WEIGHTS_MAX_VOCAB, FixedLogitsLM, fixed_logits_lm
+from ..stubs import DENSE_WEIGHTS_MAX_VOCAB, FixedLogitsLM, RowSelectHead, fixed_logits_lm
 from ..tables import FixedLogits
 
 #: Words the assistant knows and the target does not.
@@ -239,8 +239,20 @@ class EmbeddingRoutedLM(FixedLogitsLM):
     Tokens are recovered from the (one-hot) input embedding and logits go through the output
     embedding, as in a real model: when a translator swaps in a re-indexing embedding or a pruned
     head (``set_input_embeddings``/``set_output_embeddings``), the stub sees exactly what a real
-    model would.
+    model would. The head is a :class:`~lossless_check.stubs.RowSelectHead` (``V x R`` weights for
+    a table of ``R`` rows) and the hidden state the one-hot of the table row, so the translator's
+    real ``prune_linear_layer`` prunes a real ``nn.Linear`` at any vocabulary (a ``V x V`` identity
+    head would need 9.7 GB at ``V = 49,152``).
     """
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.lm_head = RowSelectHead(self.table_rows)
+
+    def table_logits(self, token_positions: torch.Tensor, previous_tokens: torch.Tensor) -> torch.Tensor:
+        # The hidden state: which row the head projects to (the logits come out of the head).
+        index = self.table_row_index(token_positions, previous_tokens)
+        return RowSelectHead.selector(index, self.table_rows.shape[0], self.table_rows.dtype)
 
     def forward(self, input_ids: torch.LongTensor | None = None, **kwargs):
         tokens = self.get_input_embeddings()(input_ids).max(dim=-1).indices  # not argmax (provenance)
@@ -254,15 +266,14 @@ def assistant_lm(drafter: FixedLogits, prompt_length: int, vocab_size: int, toke
     """The assistant stub over the assistant vocabulary of a ``vocab_size``-token target whose
     tokenizers are ``tokenizers`` (a :data:`TOKENIZER_KINDS`; the word-level kinds share one vocabulary).
 
-    Raises :class:`~lossless_check.errors.NotApplicable` above
-    :data:`~lossless_check.stubs.DENSE_WEIGHTS_MAX_VOCAB`: the translator prunes the head's weight and
-    swaps in a re-indexing embedding, which needs the dense ``V x V`` weights large stubs do without.
+    Its head holds one weight column per table row (:class:`EmbeddingRoutedLM`): a ``markov`` table
+    past :data:`~lossless_check.stubs.DENSE_WEIGHTS_MAX_VOCAB` (one row per token) is refused with
+    :class:`~lossless_check.errors.NotApplicable`.
     """
     target, words = vocabulary_words(tokenizers, vocab_size)
-    if len(words) > DENSE_WEIGHTS_MAX_VOCAB:
-        raise NotApplicable(
-            f"the two-vocabulary stubs hold dense V x V weights (the vocabulary translator prunes and re-indexes "
-            f"them); vocabulary {len(words)} is above {DENSE_WEIGHTS_MAX_VOCAB}: use the iid32-fast-tokenizers scenario")
+    if drafter.kind == "markov" and len(words) > DENSE_WEIGHTS_MAX_VOCAB:
+        raise NotApplicable(f"a markov drafter over {len(words)} words needs a {len(words)} x {len(words)} head; "
+                            f"the two-vocabulary stubs take one up to {DENSE_WEIGHTS_MAX_VOCAB}")
     table = assistant_table(drafter, words, target=target)
     plain = fixed_logits_lm(table, prompt_length=prompt_length, **generation_defaults)
     model = EmbeddingRoutedLM(plain.config).eval()

@@ -220,7 +220,7 @@ class StepCase:
             return candidate_ids, candidate_logits, [candidate_ids.shape[1] - self.prompt_ids.shape[1]]
         length, vocab = self.prompt_ids.shape[1], self.case.scenario.vocab_size
         try:
-            with SamplerLog(vocab) as log:
+            with SamplerLog(vocab, keep=np.flatnonzero(replay).tolist()) as log:
                 candidate_ids, candidate_logits = self.draft(rows)
         except Timeout:
             raise
