@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
 import re
@@ -19,15 +20,20 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+import zipfile
+from itertools import groupby
 from pathlib import Path
 
 from .errors import UsageError
 
-#: The oldest release the harness supports.
-FIRST_SUPPORTED = "5.0.0"
+#: The oldest release the harness supports: the first with ``_speculative_sampling``.
+FIRST_SUPPORTED = "4.37.0"
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_ENVS = Path.home() / ".cache" / "lossless-check" / "envs"
+#: Digests of each release's ``transformers/generation`` sources, so a wheel is read once.
+DIGESTS = Path.home() / ".cache" / "lossless-check" / "generation-digests.json"
 #: A case reason that means the release lacks the class: its cell reads ``absent``.
 ABSENT = "is not in the installed transformers"
 
@@ -49,13 +55,50 @@ def available_releases() -> list[str]:
     return sorted((r for r in releases if not _version(r).is_prerelease), key=_version)
 
 
-def parse_releases(spec: str, available: list[str] | None = None) -> list[str]:
-    """``all`` (every release since :data:`FIRST_SUPPORTED`), ``A..B`` (every release from A to B),
-    or ``A,B,...``; oldest first, each checked against the index."""
+def generation_digest(release: str, cache: Path = DIGESTS) -> str:
+    """A digest of ``transformers/generation/`` in ``release``'s wheel (downloaded once, without
+    dependencies; the digest is cached in ``cache``)."""
+    known = json.loads(cache.read_text()) if cache.exists() else {}
+    if release not in known:
+        with tempfile.TemporaryDirectory() as folder:
+            done = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:",
+                                   "-d", folder, f"transformers=={release}"], capture_output=True, text=True)
+            wheels = list(Path(folder).glob("*.whl"))
+            if done.returncode or not wheels:
+                raise UsageError(f"cannot download transformers {release}: {_last_line(done)}")
+            digest = hashlib.sha256()
+            with zipfile.ZipFile(wheels[0]) as wheel:
+                for name in sorted(n for n in wheel.namelist() if n.startswith("transformers/generation/")):
+                    digest.update(name.encode() + b"\0" + wheel.read(name))
+        known = json.loads(cache.read_text()) if cache.exists() else {}  # another sweep may have added some
+        known[release] = digest.hexdigest()
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps(known, indent=1, sort_keys=True))
+    return known[release]
+
+
+def distinct_generation_code(releases: list[str], digest=generation_digest) -> list[str]:
+    """Within each minor series, the newest patch of every run of patches with the same generation
+    code: the newest patch of each minor, plus each older patch whose generation code a later patch
+    changed. ``digest(release)`` is only asked for in series with more than one patch."""
+    chosen = []
+    for _, series in groupby(sorted(releases, key=_version), key=lambda r: _version(r).release[:2]):
+        series = list(series)
+        digests = [digest(r) for r in series] if len(series) > 1 else [None]
+        chosen += [list(run)[-1][0] for _, run in groupby(zip(series, digests), key=lambda pair: pair[1])]
+    return chosen
+
+
+def parse_releases(spec: str, available: list[str] | None = None, digest=generation_digest) -> list[str]:
+    """``all`` (since :data:`FIRST_SUPPORTED`, each distinct generation code once:
+    :func:`distinct_generation_code`), ``every`` (every release since then), ``A..B`` (every release
+    from A to B), or ``A,B,...``; oldest first, each checked against the index."""
     available = available if available is not None else available_releases()
     supported = [r for r in available if _version(r) >= _version(FIRST_SUPPORTED)]
-    if spec == "all":
+    if spec == "every":
         return supported
+    if spec == "all":
+        return distinct_generation_code(supported, digest)
     if ".." in spec:
         low, high = (part.strip() for part in spec.split("..", 1))
         for end in (low, high):
@@ -249,7 +292,9 @@ def add_history_commands(sub, matrices, default_scenario: str, default_samples: 
     sweep = sub.add_parser("sweep", help="the compat table: a run per release and mode, each release in its own "
                                          "cached environment")
     sweep.add_argument("--releases", required=True, metavar="SPEC",
-                       help="all (every release since 5.0.0), A..B (every release from A to B), or A,B,...")
+                       help=f"all (since {FIRST_SUPPORTED}: the newest patch of each minor, plus older patches "
+                            "whose generation code a later patch changed), every (every release since "
+                            f"{FIRST_SUPPORTED}), A..B (every release from A to B), or A,B,...")
     sweep.add_argument("--modes", nargs="+", default=["step", "generate", "provenance"],
                        choices=["step", "generate", "provenance"])
     sweep.add_argument("--matrix", choices=matrices, default="smoke")

@@ -20,10 +20,26 @@ AVAILABLE = ["4.57.1", "5.0.0", "5.14.0", "5.14.1", "5.15.0", "5.15.1", "5.16.0"
 def test_release_specs():
     assert parse_releases("5.14.1..5.16.0", AVAILABLE) == ["5.14.1", "5.15.0", "5.15.1", "5.16.0"]
     assert parse_releases("5.24.0,5.0.0", AVAILABLE) == ["5.0.0", "5.24.0"]
-    assert parse_releases("all", AVAILABLE)[0] == "5.0.0"
+    assert parse_releases("every", AVAILABLE) == AVAILABLE
+    assert parse_releases("4.36.2..5.0.0", ["4.36.2", *AVAILABLE]) == ["4.57.1", "5.0.0"]
     for bad in ("5.14.2..5.16.0", "5.99.0", "5.16.0..5.14.1"):
         with pytest.raises(UsageError):
             parse_releases(bad, AVAILABLE)
+
+
+def test_all_is_each_distinct_generation_code_of_each_minor():
+    code = {"4.36.2": "a", "4.57.1": "a", "5.0.0": "b", "5.14.0": "c", "5.14.1": "d", "5.15.0": "d",
+            "5.15.1": "d", "5.16.0": "e", "5.24.0": "e"}
+    asked = []
+
+    def digest(release):
+        asked.append(release)
+        return code[release]
+
+    # 5.14.0 differs from 5.14.1, so both stay; 5.15.0 and 5.15.1 share their code, so only 5.15.1
+    assert parse_releases("all", ["4.36.2", *AVAILABLE], digest) == [
+        "4.57.1", "5.0.0", "5.14.0", "5.14.1", "5.15.1", "5.16.0", "5.24.0"]
+    assert sorted(asked) == ["5.14.0", "5.14.1", "5.15.0", "5.15.1"]  # one-release minors need no download
 
 
 @pytest.mark.parametrize("change", range(1, len(AVAILABLE)))
