@@ -25,6 +25,8 @@ import pytest
 import transformers
 from packaging.version import Version
 
+from fixtures.releases import VERIFIER_ACCEPTS_AT_R_0
+
 FINDINGS = Path(__file__).resolve().parents[1] / "findings"
 
 #: finding -> (first affected release, first fixed release or None: still present in the newest
@@ -35,8 +37,9 @@ AFFECTED = {
     "single_position_greedy_q": ("5.8.0", None),  # the generator appeared in 5.8.0
     # 5.0-5.12 crash first (no EOS token: torch.isin(chosen_ids, None)), 5.13 overshoots; 5.14 crops
     "prompt_lookup_past_max_length": ("5.0.0", "5.14.0"),
-    # `r <= p / q` since _speculative_sampling landed (4.37.0 line 4547, 5.17.0 line 4189, 5.24.0 line 4479)
-    "verifier_accepts_zero_probability": ("4.37.0", None),
+    # `r <= p / q` since _speculative_sampling landed (4.37.0 line 4547, 5.17.0 line 4189, 5.24.0 line
+    # 4479); 5.25.0 compares with `<`
+    "verifier_accepts_zero_probability": VERIFIER_ACCEPTS_AT_R_0,
     # every DFlash release drafts the whole block (5.15.0 line 1671, 5.18.0 line 1659, 5.24.0 line 1648)
     "dflash_drafts_past_max_length": ("5.15.0", None),
 }
