@@ -43,7 +43,7 @@ from lossless_check.api import run_cases  # noqa: E402
 from lossless_check.cli import DEFAULT_SAMPLES, samples_to_detect  # noqa: E402
 from lossless_check.matrix import matrix  # noqa: E402
 from lossless_check.modes.step import StepCase  # noqa: E402
-from lossless_check.mutation import MUTANTS, information_bound, samples_needed  # noqa: E402
+from lossless_check.mutation import MUTANTS, information_bound, installed, samples_needed  # noqa: E402
 from lossless_check.results import Case  # noqa: E402
 from lossless_check.scenarios import DEFAULT, SCENARIOS  # noqa: E402
 
@@ -168,7 +168,7 @@ def samples_to_verdict(seeds: int, max_samples: int) -> list[dict]:
     """Every bug of the mutation catalog: fixed-N planned size, sequential trials to verdict, bound."""
     rows = []
     for mutant in MUTANTS:
-        bound = information_bound(mutant, ALPHA)
+        bound = information_bound(mutant, ALPHA) if installed(mutant) else None
         if bound is None:
             continue
         case = Case(resolve_generator(mutant.spec), mutant.warpers, scenario=SCENARIOS[mutant.scenario])

@@ -265,7 +265,8 @@ def _repro(args) -> int:
     from .repro import write_repro
 
     [case] = cases_for(args.generator, args.warpers, None, "generate", args.scenario, args.max_new_tokens)
-    print(f"wrote {write_repro(case, args.out, samples=args.samples)}: run it with python (exit 1: not lossless)")
+    written = write_repro(case, args.out, samples=args.samples)
+    print(f"wrote {written}: run it with python (exit 1: not lossless, or generate() raised)")
     return EXIT_OK
 
 
@@ -323,7 +324,8 @@ def _mutants(args) -> int:
     if args.json:
         with open(args.json, "w") as handle:
             json.dump([{k: v for k, v in row.items() if k != "positions"} for row in rows], handle, indent=2)
-    return EXIT_OK if all(row["correct"] for row in rows) else EXIT_NOT_LOSSLESS
+    ran = [row["correct"] for row in rows if row["correct"] is not None]  # None: not on this release
+    return EXIT_OK if ran and all(ran) else EXIT_NOT_LOSSLESS
 
 
 def main(argv: list[str] | None = None) -> int:

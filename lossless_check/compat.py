@@ -30,6 +30,24 @@ def speculative_sampling():
     return call
 
 
+def vocab_translator(target_tokenizer, assistant_tokenizer, vocab_size: int, assistant_model):
+    """``AssistantVocabTranslatorCache.get_translator`` called as the installed ``generate()`` calls it.
+
+    From 4.52 it takes the assistant and prunes its LM head to the shared words (and ``generate()``
+    then drops the assistant's repetition penalty, whose logits are no longer indexed by token id);
+    4.50-4.51 take the assistant's device only and prune nothing.
+    """
+    from transformers.generation.candidate_generator import AssistantVocabTranslatorCache
+
+    if "assistant_model" not in inspect.signature(AssistantVocabTranslatorCache.get_translator).parameters:
+        return AssistantVocabTranslatorCache.get_translator(target_tokenizer, assistant_tokenizer, vocab_size,
+                                                            assistant_model.device)
+    translator = AssistantVocabTranslatorCache.get_translator(
+        target_tokenizer, assistant_tokenizer, vocab_size, assistant_model=assistant_model, assistant_prune_lm_head=True)
+    assistant_model.generation_config.repetition_penalty = None
+    return translator
+
+
 def verifier_parameters() -> frozenset[str]:
     """The parameter names of the installed ``_speculative_sampling``."""
     from transformers.generation.utils import _speculative_sampling

@@ -33,7 +33,7 @@ are point masses by design and their checks are exact: they get no informativene
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -170,21 +170,35 @@ def attach_plan(result, case, positions: list[int] | None) -> None:
     result.law_informative_positions = positions if len(result.positions) <= horizon else None
 
 
-def _informative_reference(scenario, stack: dict) -> bool:
-    """Whether :func:`reference_informative_positions` is not empty (False where plain sampling fails)."""
+def _informative_reference(scenario, stack: dict) -> bool | None:
+    """Whether :func:`reference_informative_positions` is not empty (None where plain sampling fails)."""
     try:
         return bool(reference_informative_positions(scenario, stack))
     except PlainSamplingFails:
-        return False
+        return None
 
 
-def pair_coverage(stacks: list[dict], options: list[str], scenario) -> tuple[int, int]:
-    """``(covered, total)``: pairs of ``options`` that some stack holding both tests informatively on
-    ``scenario`` (:func:`reference_informative_positions` not empty), and all pairs."""
-    covered: set[frozenset] = set()
+class PairCoverage(NamedTuple):
+    """Pairs of warper options and the stacks that test them together (see :func:`pair_coverage`)."""
+
+    covered: int
+    total: int
+    #: Pairs every stack holding them makes plain sampling fail on the installed transformers (so no
+    #: generator can be tested there), sorted: uncovered because of the release, not of the matrix.
+    unsampleable: list[tuple[str, str]]
+
+
+def pair_coverage(stacks: list[dict], options: list[str], scenario) -> PairCoverage:
+    """Pairs of ``options`` that some stack holding both tests informatively on ``scenario``
+    (:func:`reference_informative_positions` not empty), out of all pairs."""
+    held: dict[frozenset, list[bool | None]] = {}  # pair -> per holding stack: informative, or None (fails)
     for stack in stacks:
         present = [o for o in options if o in stack]
-        pairs = {frozenset((a, b)) for i, a in enumerate(present) for b in present[i + 1:]} - covered
-        if pairs and _informative_reference(scenario, stack):
-            covered |= pairs
-    return len(covered), len(options) * (len(options) - 1) // 2
+        pairs = {frozenset((a, b)) for i, a in enumerate(present) for b in present[i + 1:]}
+        if pairs and not all(True in held.get(pair, ()) for pair in pairs):
+            informative = _informative_reference(scenario, stack)
+            for pair in pairs:
+                held.setdefault(pair, []).append(informative)
+    covered = sum(True in seen for seen in held.values())
+    unsampleable = sorted(tuple(sorted(pair)) for pair, seen in held.items() if all(s is None for s in seen))
+    return PairCoverage(covered, len(options) * (len(options) - 1) // 2, unsampleable)

@@ -33,9 +33,11 @@ DraftModel = Callable[[ExactLaws, tuple], tuple[np.ndarray, np.ndarray]]
 
 
 class Mutant(NamedTuple):
-    """One catalog entry. ``position``: first output position (1-based) the bug reaches."""
+    """One catalog entry. ``family``: the built-in generator class the mutant subclasses (a release
+    without it cannot run the mutant); ``position``: first output position (1-based) the bug reaches."""
 
     spec: str
+    family: str
     warpers: dict[str, Any]
     scenario: str
     equivalent: bool
@@ -102,44 +104,52 @@ def _ignores_repetition_penalty(laws, prefix):
     return _raw(laws, prefix), laws.drafter(prefix)
 
 
+DFLASH, ASSISTED = "DFlashTokenCandidateGenerator", "AssistedCandidateGenerator"
 RAW = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
 DRAFT_TEMPERATURE_NOT_IN_Q = "fixtures.mutants.dflash_draft_temperature:DFlashDraftTemperatureNotInQ"
 _RAW_BUG = "samples from the processed logits, returns the raw logits as q"
 
 MUTANTS: list[Mutant] = [
-    Mutant(RAW, {"top_k": 2}, "iid8", False, _RAW_BUG + " (top-k)", drafts=_raw_logits),
-    Mutant(RAW, {"top_p": 0.7}, "iid8", False, _RAW_BUG + " (top-p)", drafts=_raw_logits),
-    Mutant(RAW, {"min_p": 0.35}, "iid8", False, _RAW_BUG + " (min-p)", drafts=_raw_logits),
-    Mutant(RAW, {"temperature": 0.5}, "iid8", False, _RAW_BUG + " (temperature)", drafts=_raw_logits),
-    Mutant("fixtures.mutants.dflash_greedy_draft:DFlashGreedyDraft", {}, "iid8", False,
+    Mutant(RAW, DFLASH, {"top_k": 2}, "iid8", False, _RAW_BUG + " (top-k)", drafts=_raw_logits),
+    Mutant(RAW, DFLASH, {"top_p": 0.7}, "iid8", False, _RAW_BUG + " (top-p)", drafts=_raw_logits),
+    Mutant(RAW, DFLASH, {"min_p": 0.35}, "iid8", False, _RAW_BUG + " (min-p)", drafts=_raw_logits),
+    Mutant(RAW, DFLASH, {"temperature": 0.5}, "iid8", False, _RAW_BUG + " (temperature)", drafts=_raw_logits),
+    Mutant("fixtures.mutants.dflash_greedy_draft:DFlashGreedyDraft", DFLASH, {}, "iid8", False,
            "drafts the argmax, returns the softmax as q", drafts=_greedy),
-    Mutant("fixtures.mutants.assisted_greedy_draft:AssistedGreedyDraft", {}, "iid8", False,
+    Mutant("fixtures.mutants.assisted_greedy_draft:AssistedGreedyDraft", ASSISTED, {}, "iid8", False,
            "assistant decodes greedily (do_sample=False), its scores returned as q", drafts=_greedy),
-    Mutant("fixtures.mutants.dflash_shifted_q:DFlashShiftedQ", {}, "markov8", False,
+    Mutant("fixtures.mutants.dflash_shifted_q:DFlashShiftedQ", DFLASH, {}, "markov8", False,
            "q of draft i is the q of draft i+1 (off by one position)", drafts=_shifted),
-    Mutant(DRAFT_TEMPERATURE_NOT_IN_Q, {}, "iid8", False,
+    Mutant(DRAFT_TEMPERATURE_NOT_IN_Q, DFLASH, {}, "iid8", False,
            "private draft temperature applied to the draft, not to q", drafts=_draft_temperature_not_in_q),
-    Mutant("fixtures.mutants.dflash_vocabulary:DFlashPermutedVocabQ", {}, "iid8", False,
+    Mutant("fixtures.mutants.dflash_vocabulary:DFlashPermutedVocabQ", DFLASH, {}, "iid8", False,
            "q over a permuted vocabulary (ids off by one)", drafts=_permuted),
-    Mutant("fixtures.mutants.dflash_vocabulary:DFlashTruncatedVocabQ", {}, "iid8", False,
+    Mutant("fixtures.mutants.dflash_vocabulary:DFlashTruncatedVocabQ", DFLASH, {}, "iid8", False,
            "q over a truncated vocabulary (last token -inf in q only)", drafts=_truncated),
-    Mutant("fixtures.mutants.dflash_vocabulary:DFlashQOverWiderSupport", {"top_k": 2}, "iid8", False,
+    Mutant("fixtures.mutants.dflash_vocabulary:DFlashQOverWiderSupport", DFLASH, {"top_k": 2}, "iid8", False,
            "q renormalised over one token more than the drafter samples from", drafts=_wider_support),
-    Mutant("fixtures.mutants.dflash_repetition_penalty:DFlashDraftIgnoresRepetitionPenalty",
+    Mutant("fixtures.mutants.dflash_repetition_penalty:DFlashDraftIgnoresRepetitionPenalty", DFLASH,
            {"repetition_penalty": 3.0}, "markov8", False,
            "drafts ignore the (history-dependent) repetition penalty that q applies",
            drafts=_ignores_repetition_penalty),
-    Mutant("fixtures.mutants.dflash_later_drafts:DFlashRawQAfterFirstDraft", {"temperature": 0.5}, "iid8", False,
+    Mutant("fixtures.mutants.dflash_later_drafts:DFlashRawQAfterFirstDraft", DFLASH, {"temperature": 0.5}, "iid8", False,
            "q processed for the first draft only, raw from the second on", position=2, drafts=_raw_logits),
-    Mutant("fixtures.mutants.dflash_draft_temperature:DFlashDraftTemperature", {}, "iid8", True,
+    Mutant("fixtures.mutants.dflash_draft_temperature:DFlashDraftTemperature", DFLASH, {}, "iid8", True,
            "private draft temperature, applied to q too"),
-    Mutant("fixtures.mutants.dflash_equivalent:DFlashLogSoftmaxQ", {"top_k": 2}, "iid8", True,
+    Mutant("fixtures.mutants.dflash_equivalent:DFlashLogSoftmaxQ", DFLASH, {"top_k": 2}, "iid8", True,
            "returns log_softmax of the processed logits"),
-    Mutant("fixtures.mutants.dflash_equivalent:DFlashOffsetQ", {"repetition_penalty": 3.0}, "markov8", True,
+    Mutant("fixtures.mutants.dflash_equivalent:DFlashOffsetQ", DFLASH, {"repetition_penalty": 3.0}, "markov8", True,
            "adds a constant to every logit of q"),
-    Mutant("fixtures.mutants.dflash_equivalent:DFlashFloat64Q", {"top_p": 0.7}, "iid8", True,
+    Mutant("fixtures.mutants.dflash_equivalent:DFlashFloat64Q", DFLASH, {"top_p": 0.7}, "iid8", True,
            "returns the processed logits in float64"),
 ]
+
+
+def installed(mutant: Mutant) -> bool:
+    """Whether the installed transformers has the generator class the mutant subclasses."""
+    from transformers.generation import candidate_generator
+
+    return hasattr(candidate_generator, mutant.family)
 
 
 def exact_laws(mutant: Mutant) -> ExactLaws:
@@ -269,9 +279,22 @@ def run_mutant(mutant: Mutant, samples: int, seed: int, alpha: float) -> dict:
     }
 
 
+def absent_mutant(mutant: Mutant) -> dict:
+    """The row of a mutant the installed release cannot run: neither caught nor missed (``correct`` None)."""
+    import transformers
+
+    return {"mutant": mutant.spec.rpartition(":")[2], "spec": mutant.spec, "warpers": format_warpers(mutant.warpers),
+            "scenario": mutant.scenario, "equivalent": mutant.equivalent, "bug": mutant.bug, "verdict": "skipped",
+            "caught": False, "provenance": "-", "caught_by": [], "correct": None, "failed_checks": [],
+            "p_value": None, "position": mutant.position, "tv": None, "tv_detectable": None, "exact_tv": None,
+            "samples": 0, "samples_at_position": None, "positions": [],
+            "reason": f"transformers {transformers.__version__} has no {mutant.family}"}
+
+
 def mutation_report(samples: int, seed: int, alpha: float) -> list[dict]:
-    """Every mutant of :data:`MUTANTS`, each its own run at family rate ``alpha``."""
-    return [run_mutant(m, samples, seed, alpha) for m in MUTANTS]
+    """Every mutant of :data:`MUTANTS`, each its own run at family rate ``alpha``; a mutant whose base
+    class the installed release lacks gets a skipped row (:func:`absent_mutant`)."""
+    return [run_mutant(m, samples, seed, alpha) if installed(m) else absent_mutant(m) for m in MUTANTS]
 
 
 def print_mutation_report(rows: list[dict], console=None) -> None:
@@ -289,7 +312,9 @@ def print_mutation_report(rows: list[dict], console=None) -> None:
         return "-" if value is None else f"{value:.4f}"
 
     for row in rows:
-        if row["equivalent"]:
+        if row["correct"] is None:
+            outcome = "[yellow]not on this release[/]"
+        elif row["equivalent"]:
             outcome = "[green]passed[/]" if row["correct"] else "[bold red]FALSE ALARM[/]"
         else:
             outcome = "[green]caught[/]" if row["correct"] else "[bold red]MISSED[/]"
@@ -301,8 +326,11 @@ def print_mutation_report(rows: list[dict], console=None) -> None:
         )
     console.print(table)
     for row in rows:
-        if not row["correct"]:
+        if row["correct"] is False:
             console.print(f"[bold red]{row['mutant']}[/] [{row['warpers']}]: {row['bug']}: {row['reason']}", highlight=False)
-    right = sum(row["correct"] for row in rows)
-    console.print(f"{right}/{len(rows)} mutants judged right", highlight=False)
+    ran = [row for row in rows if row["correct"] is not None]
+    console.print(f"{sum(row['correct'] for row in ran)}/{len(ran)} mutants judged right", highlight=False)
+    if len(ran) < len(rows):
+        absent = sorted({row["reason"] for row in rows if row["correct"] is None})
+        console.print(f"{len(rows) - len(ran)} mutants not run: {'; '.join(absent)}", highlight=False)
 

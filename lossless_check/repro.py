@@ -30,6 +30,9 @@ UNSUPPORTED_FAMILIES = {
     "MTPCandidateGenerator": "it drafts with MTP layers that generate() loads from the target's checkpoint "
                              "(use_mtp=True, MtpModel.from_pretrained), and the script's table model has none",
 }
+#: Why no script runs before 4.45 (the script checks it too, where it is run).
+LEGACY_RELEASE = ("standalone scripts need transformers >= 4.45: their table model relies on the generic "
+                  "GenerationMixin.prepare_inputs_for_generation, and before 4.45 each model wrote its own")
 #: The tokenizer kinds the script builds (its ``--tokenizers`` choices).
 WORD_LEVEL_TOKENIZERS = ("stub", "fast", "id-ordered")
 #: The script template (never imported: its placeholders are filled in as text).
@@ -40,7 +43,11 @@ MIN_SAMPLES, MAX_SAMPLES = 1_000, 20_000
 
 def repro_unsupported(case: Case) -> str | None:
     """Why no script can be written for ``case`` (``None`` if one can)."""
+    from .stubs import LEGACY_GENERATION
+
     generator = case.generator
+    if LEGACY_GENERATION:
+        return LEGACY_RELEASE
     if ":" in generator.spec:
         return f"{generator.display_name} is a user generator: a standalone script reproduces built-in generators"
     if generator.adapter.name not in SUPPORTED:

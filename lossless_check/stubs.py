@@ -228,6 +228,14 @@ class FixedLogitsLM(*((_LegacyGenerationInputs,) if LEGACY_GENERATION else ()), 
     def get_output_embeddings(self):
         return self.lm_head
 
+    # Every causal LM of transformers defines the setters until 4.54 gives PreTrainedModel defaults;
+    # 4.52-4.53's translator swaps the assistant's head and embedding through them.
+    def set_input_embeddings(self, value):
+        self.embed_tokens = value
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head = new_embeddings
+
     def table_row_index(self, token_positions: torch.Tensor, previous_tokens: torch.Tensor) -> torch.Tensor:
         """Index of the table row for predicted tokens at absolute ``token_positions``, given the tokens before them."""
         kind = self.config.table_kind

@@ -10,6 +10,7 @@ import pytest
 import torch
 import transformers
 
+from fixtures.releases import PROMPT_LOOKUP_CRASHES_WITHOUT_EOS, PROMPT_LOOKUP_OVERSHOOTS, needs, within
 from lossless_check.adapters import ADAPTERS, resolve_generator
 from lossless_check.adapters.early_exit import EXIT_LAYER, early_exit_model_for
 from lossless_check.expected import ExactLaws, first_token_law
@@ -91,6 +92,7 @@ def finding_holds(name: str) -> bool:
 # --- EarlyExitCandidateGenerator -------------------------------------------------------------
 
 
+@needs("EarlyExitCandidateGenerator")
 def test_early_exit_is_lossless():
     case = run_one("EarlyExitCandidateGenerator", 1000)
     assert case.verdict == "lossless", case.reason
@@ -99,6 +101,7 @@ def test_early_exit_is_lossless():
     assert "acceptance_law" not in case.diagnostics
 
 
+@needs("EarlyExitCandidateGenerator")
 def test_early_exit_stub_emits_the_drafter_table_only_below_full_depth():
     step = StepCase(Case(resolve_generator("EarlyExitCandidateGenerator"), TOP_K, scenario=IID))
     model = early_exit_model_for(step.context())
@@ -135,6 +138,7 @@ def _translator_permutation():
     return translator.get_target_logits(pruned)[0, 0].long().numpy()
 
 
+@needs("UniversalSpeculativeDecodingGenerator")
 def test_universal_speculative_decoding_is_not_lossless_because_pruned_logits_are_scattered_in_the_wrong_order():
     """The returned q is the drafted q with its vocabulary permuted (4.52.1 to 5.24.0, :data:`FINDINGS`).
 
@@ -153,8 +157,12 @@ def test_universal_speculative_decoding_is_not_lossless_because_pruned_logits_ar
     The stub tokenizers iterate alphabetically (fixed, for reproducibility): target slot ``t`` then
     holds the q of word ``7 - t``. The observed first-token law is the one Algorithm 1 gives with
     drafts from q and that permuted q as "q"; with an id-ordered vocabulary (next test) it is lossless.
+    On 4.50-4.51 the translator prunes nothing (``get_translator`` takes no assistant): lossless there.
     """
-    assert finding_holds("UniversalSpeculativeDecodingGenerator")
+    if not finding_holds("UniversalSpeculativeDecodingGenerator"):
+        case = run_one("UniversalSpeculativeDecodingGenerator", 1000)
+        assert case.verdict == "lossless", case.reason
+        return
     perm = _translator_permutation()
     assert (perm != np.arange(IID.vocab_size)).any()  # the defect, white-box
 
@@ -166,6 +174,7 @@ def test_universal_speculative_decoding_is_not_lossless_because_pruned_logits_ar
     assert_first_token_follows(case, first_token_law_as_torch_computes(p, q, q[perm]), p)
 
 
+@needs("UniversalSpeculativeDecodingGenerator")
 def test_universal_speculative_decoding_is_lossless_when_the_vocabulary_iterates_in_id_order(monkeypatch):
     """Control for the test above: the same run, with ``get_vocab()`` in id order, is lossless."""
     import lossless_check.adapters.vocabularies as vocabularies
@@ -187,6 +196,7 @@ def test_universal_speculative_decoding_is_lossless_when_the_vocabulary_iterates
 # --- Generators without candidate_logits -----------------------------------------------------
 
 
+@needs("AssistedCandidateGeneratorDifferentTokenizers")
 def test_different_tokenizers_drafts_but_returns_no_q_so_step_mode_does_not_apply():
     step, session = session_for("AssistedCandidateGeneratorDifferentTokenizers")
     candidates, logits = session.draft(step.prompt_ids)
@@ -195,6 +205,7 @@ def test_different_tokenizers_drafts_but_returns_no_q_so_step_mode_does_not_appl
     assert case.verdict == "skipped" and "returns no candidate_logits" in case.reason
 
 
+@needs("AssistedCandidateGeneratorDifferentTokenizers")
 def test_different_tokenizers_survives_drafts_of_assistant_only_words():
     """Top-p plus a ban on every repeated token leaves assistant-only words to draft; the target's tokenizer
     must read them back (as a real tokenizer would), not raise."""
@@ -206,7 +217,7 @@ def test_different_tokenizers_survives_drafts_of_assistant_only_words():
 
 def test_prompt_lookup_copies_an_earlier_ngram_but_returns_no_q_so_step_mode_does_not_apply():
     _, session = session_for("PromptLookupCandidateGenerator")
-    if release() < (5, 13, 0):  # no EOS token: a match raises in torch.isin(chosen_ids, None) (see below)
+    if within(PROMPT_LOOKUP_CRASHES_WITHOUT_EOS):  # no EOS token: a match raises in isin(chosen_ids, None) (see below)
         with pytest.raises(TypeError, match="isin"):
             session.draft(torch.tensor([[3, 1, 4, 2, 3, 1]]))
         return
@@ -214,20 +225,6 @@ def test_prompt_lookup_copies_an_earlier_ngram_but_returns_no_q_so_step_mode_doe
     assert candidates[0, 6:].tolist() == [4, 2, 3] and logits is None  # the continuation of "3 1"
     case = run_one("PromptLookupCandidateGenerator", 50)
     assert case.verdict == "skipped" and "returns no candidate_logits" in case.reason
-
-
-#: Findings that a later release fixed, as [first affected, first fixed). The ranges start at the
-#: oldest release examined (5.0.0; ``benchmarks/compat_table.md``); below it they are unexamined.
-FIXED_FINDINGS = {
-    "PromptLookupCandidateGenerator": ((5, 0, 0), (5, 14, 0)),
-}
-
-
-def fixed_finding_holds(name: str) -> bool:
-    first, fixed = FIXED_FINDINGS[name]
-    if release() < first:
-        pytest.skip(f"transformers {transformers.__version__} is older than the releases examined (from 5.0.0)")
-    return release() < fixed
 
 
 def _cycle_rows(vocab=8, period=4, logit=4.0):
@@ -246,8 +243,9 @@ CYCLE_EOS = 7  # an EOS token (probability 0.016 a step), so that 5.0-5.12 run a
 
 
 @pytest.mark.parametrize("warpers", [{"eos_token_id": CYCLE_EOS}, {}], ids=["eos", "no-eos"])
-def test_prompt_lookup_is_not_lossless_on_5_0_to_5_13_because_the_loop_keeps_its_drafts_past_max_length(warpers):
-    """A transformers defect, not the harness's (5.0.0 to 5.13.1, :data:`FIXED_FINDINGS`).
+def test_prompt_lookup_is_not_lossless_on_4_40_to_5_13_because_the_loop_keeps_its_drafts_past_max_length(warpers):
+    """A transformers defect, not the harness's (4.40.0 to 5.13.1, ``PROMPT_LOOKUP_OVERSHOOTS`` in
+    ``fixtures/releases.py``; 4.37-4.39 cropped the drafts to the remaining length in the loop).
 
     transformers 5.13.1, ``generation/candidate_generator.py``: ``PromptLookupCandidateGenerator.get_candidates``
     (class at line 1019) caps its draft with ``end_idx = min(end_idx, input_length, self.max_length)``
@@ -260,8 +258,8 @@ def test_prompt_lookup_is_not_lossless_on_5_0_to_5_13_because_the_loop_keeps_its
     (line 3746) uncropped. Two matched drafts of three give an output one token past
     ``max_new_tokens``, which plain sampling never emits: the harness's exact ``stopping`` check
     fails. 5.0.0-5.12.1 have the same code (5.0.0 lines 1131 and 3733) but, with no EOS token,
-    raise first: ``torch.isin(chosen_ids, None)`` (the None check came in 5.13; ``RAISES`` in
-    ``tests/test_generate_mode.py``). 5.14.0 crops the accepted tokens to the length budget in
+    raise first from 4.44 on: ``isin(chosen_ids, None)`` (``PROMPT_LOOKUP_CRASHES_WITHOUT_EOS``; the None
+    check came in 5.13; ``RAISES`` in ``tests/test_generate_mode.py``). 5.14.0 crops the accepted tokens to the length budget in
     ``_assisted_decoding`` (``tokens_budget``, ``generation/utils.py`` lines 3794-3799; 5.24.0 lines
     4153-4156); the generator still drafts past max_length there (5.24.0 line 1099), harmlessly.
 
@@ -276,8 +274,8 @@ def test_prompt_lookup_is_not_lossless_on_5_0_to_5_13_because_the_loop_keeps_its
     from lossless_check.adapters.rounds import first_round
     from lossless_check.modes.generate import run_generate_case
 
-    affected = fixed_finding_holds("PromptLookupCandidateGenerator")
-    if release() <= (5, 24, 0):  # white-box, the generator's side: examined on 5.0-5.24
+    affected = within(PROMPT_LOOKUP_OVERSHOOTS)
+    if (5, 0, 0) <= release() <= (5, 24, 0):  # white-box, the generator's side: examined on 5.0-5.24
         generator = PromptLookupCandidateGenerator(eos_token_id=torch.tensor([CYCLE_EOS]), num_output_tokens=3,
                                                    max_matching_ngram_size=2, max_length=7)
         candidates, logits = first_round(generator, torch.tensor([[3, 1, 4, 0, 3]]))  # 2 tokens left (one + bonus)
@@ -285,7 +283,7 @@ def test_prompt_lookup_is_not_lossless_on_5_0_to_5_13_because_the_loop_keeps_its
 
     case = Case(resolve_generator("PromptLookupCandidateGenerator"), warpers, "generate", CYCLE, CYCLE_K)
     result = run_generate_case(case, 200, 0, ALPHA)
-    if affected and not warpers and release() < (5, 13, 0):
+    if not warpers and within(PROMPT_LOOKUP_CRASHES_WITHOUT_EOS):
         assert result.verdict == "error" and "isin" in result.reason, result.reason
         return
     if not affected:
@@ -315,6 +313,7 @@ def test_prompt_lookup_is_not_lossless_on_5_0_to_5_13_because_the_loop_keeps_its
 # --- MTPCandidateGenerator -------------------------------------------------------------------
 
 
+@needs("MTPCandidateGenerator")
 @pytest.mark.parametrize("scenario", [IID, DEFAULT], ids=lambda s: s.name)
 def test_mtp_is_lossless(scenario):
     case = run_one("MTPCandidateGenerator", 1000, scenario=scenario)
@@ -325,6 +324,7 @@ def test_mtp_is_lossless(scenario):
 # --- SinglePositionMultiTokenCandidateGenerator ----------------------------------------------
 
 
+@needs("SinglePositionMultiTokenCandidateGenerator")
 def test_single_position_multi_token_is_not_lossless_because_it_drafts_argmax_and_returns_raw_logits_as_q():
     """A greedy drafter whose returned q is a full softmax (5.8.0 to 5.24.0, :data:`FINDINGS`).
 
@@ -348,6 +348,7 @@ def test_single_position_multi_token_is_not_lossless_because_it_drafts_argmax_an
     assert_first_token_follows(case, first_token_law(p, np.eye(IID.vocab_size)[raw.argmax()], softmax), p)
 
 
+@needs("SinglePositionMultiTokenCandidateGenerator")
 def test_single_position_drafts_each_rows_argmax_and_returns_the_raw_rows():
     """White-box side of the defect above, on the per-position drafter of the default scenario."""
     step, session = session_for("SinglePositionMultiTokenCandidateGenerator", scenario=DEFAULT, warpers={})
@@ -357,15 +358,16 @@ def test_single_position_drafts_each_rows_argmax_and_returns_the_raw_rows():
     assert np.allclose(logits[0].numpy(), rows, atol=1e-6)
 
 
+@needs("EarlyExitCandidateGenerator")
 def test_early_exit_cannot_run_on_5_0_to_5_2_because_its_get_candidates_omits_is_first_iteration():
     """A transformers defect, not the harness's: on 5.0-5.2 ``AssistedCandidateGenerator.get_candidates``
     requires ``is_first_iteration``, and ``EarlyExitCandidateGenerator.get_candidates`` calls
     ``super().get_candidates(input_ids)`` without it (5.0.0 ``generation/candidate_generator.py`` line
     1257), so every call raises ``TypeError``. Fixed in 5.3 (``benchmarks/compat_table.md``). On the
-    installed release the verdict follows that table: ``error`` with that reason before 5.3, else lossless.
+    installed release the verdict follows that table: ``error`` with that reason on 5.0-5.2, else lossless.
     """
     case = run_one("EarlyExitCandidateGenerator", 300)
-    if release() < (5, 3, 0):
+    if (5, 0, 0) <= release() < (5, 3, 0):
         assert case.verdict == "error" and "is_first_iteration" in case.reason, case.reason
     else:
         assert case.verdict == "lossless", case.reason

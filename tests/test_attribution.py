@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from fixtures.releases import ASSISTED_DRAFTS_GREEDILY, VERIFIER_ACCEPTS_AT_R_0, verifier_rule_line, within
+from fixtures.releases import ASSISTED_DRAFTS_GREEDILY, DFLASH, VERIFIER_ACCEPTS_AT_R_0, needs, verifier_rule_line, within
 from lossless_check.api import cases_for, run_cases
 
 FORCED = 3
@@ -78,6 +78,7 @@ def test_without_attribution_the_same_run_blames_the_generator(r_zero_at_impossi
     assert [e["cause"] for e in result.exact_failures] == ["generator"]
 
 
+@needs(DFLASH)
 def test_a_generator_with_a_wrong_q_stays_not_lossless_with_cause_generator():
     cases = cases_for(["fixtures.mutants.dflash_vocabulary:DFlashTruncatedVocabQ"], "none", None, "step", "iid8")
     result = run_cases(cases, 1000, 1e-6, 0).cases[0]

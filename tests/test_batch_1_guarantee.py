@@ -21,6 +21,7 @@ from lossless_check.modes import replay, step
 from lossless_check.modes.step import StepCase
 from lossless_check.results import Case
 from lossless_check.scenarios import IID
+from fixtures.releases import DFLASH, needs
 
 WARPERS = "top_k=3"
 
@@ -47,7 +48,7 @@ def position_1_effect(name: str, transform: str, scenario: str = "markov8") -> f
 
 
 BUGS = [("AssistedCandidateGenerator", "uniform"), ("AssistedCandidateGenerator", "scaled_3"),
-        ("DFlashTokenCandidateGenerator", "raw"), ("DFlashTokenCandidateGenerator", "uniform")]
+        pytest.param(DFLASH, "raw", marks=needs(DFLASH)), pytest.param(DFLASH, "uniform", marks=needs(DFLASH))]
 
 
 @pytest.mark.parametrize("name,transform", BUGS)
@@ -63,6 +64,7 @@ def test_a_bug_at_batch_1_only_moves_the_case_to_batch_1_and_is_flagged(name, tr
     assert result.verdict == "not_lossless", (effect, result.reason)
 
 
+@needs(DFLASH)
 def test_a_small_bug_at_batch_1_only_runs_at_batch_1_with_its_own_guarantee():
     """q logits x1.15 at batch 1 (position-1 TV below what 1000 trials detect): never passed on batched
     evidence; the reported ``tv_detectable`` is the batch-1 run's own."""
@@ -73,7 +75,7 @@ def test_a_small_bug_at_batch_1_only_runs_at_batch_1_with_its_own_guarantee():
     assert "replays" not in result.batch and result.batch["note"].startswith("batch 1: row ")
 
 
-@pytest.mark.parametrize("name", ["AssistedCandidateGenerator", "DFlashTokenCandidateGenerator"])
+@pytest.mark.parametrize("name", ["AssistedCandidateGenerator", pytest.param(DFLASH, marks=needs(DFLASH))])
 def test_an_equivalent_q_at_batch_1_stays_batched_and_passes(name):
     """A constant added to q's logits at batch 1 is the same softmax: batched, replays match, lossless."""
     with substituted(name, batch_1_only(installed(name), "shift")):
@@ -83,6 +85,7 @@ def test_an_equivalent_q_at_batch_1_stays_batched_and_passes(name):
     assert result.tv_detectable == pytest.approx(result.batch["tv_detectable_batched"] + result.batch["replay_tv"])
 
 
+@needs(DFLASH)
 def test_greedy_drafts_at_batch_1_only_are_caught():
     """Greedy drafts with a softmax q at batch 1 only (``dflash_greedy_at_batch_1``): the replay draws
     no token from the row's law, so the case runs at batch 1, where the bug shows."""
@@ -115,11 +118,13 @@ def detection_count(name: str, runs: int, samples: int = 1000) -> tuple[int, flo
     return flagged, claim
 
 
+@needs(DFLASH)
 def test_power_at_the_reported_tv_detectable_holds_for_batch_1_only_bugs():
     flagged, claim = detection_count("DFlashTokenCandidateGenerator", POWER_RUNS)
     assert POWER_RUNS - flagged <= ALLOWED_MISSES, (flagged, claim)
 
 
+@needs(DFLASH)
 def test_the_power_check_fails_when_replays_shrink_but_the_claim_does_not(monkeypatch):
     """Negative control: one replay a case, while ``tv_detectable`` still claims what the full share
     of replays proves (the batch-1 arm shrunk back, the claim kept)."""

@@ -5,6 +5,10 @@ import json
 import pytest
 
 from lossless_check.cli import main
+from lossless_check.informativeness import pair_coverage
+from lossless_check.matrix import available_catalog, matrix
+from lossless_check.scenarios import DEFAULT
+from fixtures.releases import DECAY_PENALTY_NAN_AFTER_MASKED_EOS, DFLASH, needs, within
 
 MUTANT = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
 
@@ -15,7 +19,7 @@ MUTANT = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
         (["run", "--warpers", "top_k=banana"], "not a number"),
         (["run", "--generator", "NoSuchGenerator"], "unknown generator"),
         (["run", "--generator", "no_such_module:Thing"], "cannot import module"),
-        (["run", "--generator", "fixtures.mutants.dflash_raw_logits:Nope"], "has no attribute"),
+        (["run", "--generator", "fixtures.mutants.assisted_greedy_draft:Nope"], "has no attribute"),
         (["run", "--alpha", "2"], "strictly between 0 and 1"),
         (["run", "--samples", "0"], "at least 1"),
         (["run", "--scenario", "nope"], "unknown scenario"),
@@ -28,6 +32,7 @@ def test_bad_input_exits_2_with_one_line(argv, message, capsys):
     assert message in err and len(err.splitlines()) == 1
 
 
+@needs(DFLASH)
 def test_mutant_exits_1_and_lossless_exits_0_with_schema(tmp_path, capsys):
     out = tmp_path / "out.json"
     code = main(["run", "--generator", "DFlashTokenCandidateGenerator", "--generator", MUTANT, "--warpers", "top_k=3",
@@ -47,12 +52,26 @@ def test_mutant_exits_1_and_lossless_exits_0_with_schema(tmp_path, capsys):
 
 
 def test_list_shows_installed_generators(capsys):
+    """Every generator class of the installed release, and the pair coverage of its catalog: all
+    pairs, or the rest with the pairs plain sampling itself cannot run named."""
+    from transformers.generation import candidate_generator
+
     assert main(["list"]) == 0
-    out = capsys.readouterr().out
-    assert "AssistedCandidateGenerator" in out and "DFlashTokenCandidateGenerator" in out
-    assert "105/105 pairs of catalog options covered by an informative stack" in " ".join(out.split())
+    raw = capsys.readouterr().out
+    rows = {line.split()[1]: line for line in raw.splitlines() if line.startswith("│ ")}
+    assert "step, provenance, generate" in rows["AssistedCandidateGenerator"]
+    # A family the release lacks is listed as such (its cases are skipped, not passed).
+    assert ("not installed: every case is skipped" in rows[DFLASH]) != hasattr(candidate_generator, DFLASH)
+    out = " ".join(raw.split())
+    options = [e.option for e in available_catalog()]
+    coverage = pair_coverage(matrix("default"), options, DEFAULT)  # its counts: tests/test_matrix.py
+    assert (coverage.covered < coverage.total) == within(DECAY_PENALTY_NAN_AFTER_MASKED_EOS)
+    assert f"{coverage.covered}/{coverage.total} pairs of catalog options covered by an informative stack" in out
+    untestable = ", ".join(f"{a} + {b}" for a, b in coverage.unsampleable)
+    assert (f"(plain sampling fails under every stack holding them): {untestable}" in out) == bool(untestable)
 
 
+@needs(DFLASH)
 def test_detect_tv_sizes_the_run(tmp_path):
     out = tmp_path / "out.json"
     code = main(["run", "--generator", "DFlashTokenCandidateGenerator", "--warpers", "top_k=3", "--scenario", "iid8",
@@ -99,6 +118,7 @@ def test_bad_usage_is_reported_before_torch_is_imported():
         assert len(done.stderr.strip().splitlines()) == 1
 
 
+@needs(DFLASH)
 def test_gate_prints_the_verdict_table_and_where_the_reports_are(tmp_path, capsys):
     out = tmp_path / "gate"
     code = main(["gate", "--generator", "DFlashTokenCandidateGenerator", "--matrix", "smoke", "--samples", "300",

@@ -25,7 +25,9 @@ import pytest
 import transformers
 from packaging.version import Version
 
-from fixtures.releases import VERIFIER_ACCEPTS_AT_R_0
+from fixtures.releases import PROMPT_LOOKUP_CRASHES_WITHOUT_EOS, PROMPT_LOOKUP_OVERSHOOTS, VERIFIER_ACCEPTS_AT_R_0, within
+from lossless_check.repro import LEGACY_RELEASE
+from lossless_check.stubs import LEGACY_GENERATION
 
 FINDINGS = Path(__file__).resolve().parents[1] / "findings"
 
@@ -35,8 +37,8 @@ FINDINGS = Path(__file__).resolve().parents[1] / "findings"
 AFFECTED = {
     "universal_permuted_q": ("4.52.1", None),  # 4.52.1 pruned the assistant's LM head
     "single_position_greedy_q": ("5.8.0", None),  # the generator appeared in 5.8.0
-    # 5.0-5.12 crash first (no EOS token: torch.isin(chosen_ids, None)), 5.13 overshoots; 5.14 crops
-    "prompt_lookup_past_max_length": ("5.0.0", "5.14.0"),
+    # 4.44-5.12 crash first (no EOS token: isin(chosen_ids, None)), 4.40-4.43 and 5.13 overshoot; 5.14 crops
+    "prompt_lookup_past_max_length": PROMPT_LOOKUP_OVERSHOOTS,
     # `r <= p / q` since _speculative_sampling landed (4.37.0 line 4547, 5.17.0 line 4189, 5.24.0 line
     # 4479); 5.25.0 compares with `<`
     "verifier_accepts_zero_probability": VERIFIER_ACCEPTS_AT_R_0,
@@ -125,10 +127,14 @@ def test_findings_index_lists_every_reproduction():
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(LEGACY_GENERATION, reason=LEGACY_RELEASE)  # there the harness's own test covers it
 def test_prompt_lookup_past_max_length_reproduces(clean_python, tmp_path):
     """Generated script: an exact stopping check, 3000 calls at most (about 10 s when lossless)."""
     proc = run_repro(clean_python, "prompt_lookup_past_max_length", tmp_path=tmp_path)
     check_exit(proc, 1 if affected("prompt_lookup_past_max_length") else 0)
+    # Where the model without EOS crashes first, the script says so, and not that the overshoot reproduces.
+    crashes = within(PROMPT_LOOKUP_CRASHES_WITHOUT_EOS)
+    assert ("verdict: ERROR: generate() raised TypeError" in proc.stdout) == crashes, proc.stdout
 
 
 def test_verifier_accepts_zero_probability_reproduces(clean_python, tmp_path):

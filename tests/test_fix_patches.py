@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 import transformers
 
+from fixtures.releases import needs
 from test_findings import FINDINGS, affected, check_exit, run_repro
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,7 +145,8 @@ def test_harness_judges_patched_generator_lossless(patched, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("finding", sorted(f for f, fix in FIXES.items() if fix.harness is not None))
+@pytest.mark.parametrize("finding", [pytest.param(f, marks=needs(fix.harness["generator"]))
+                                     for f, fix in sorted(FIXES.items()) if fix.harness is not None])
 def test_harness_flags_unpatched_generator(finding):
     """The negative control of (b): the same run on the installed (unpatched) release is not lossless (or errs)
     where the bug is (in-process, through the Python API the CLI calls: no second import of torch and transformers)."""

@@ -29,6 +29,7 @@ from lossless_check.results import Case
 from lossless_check.scenarios import DEFAULT, IID
 from lossless_check.strategies import OPTIONS, scenarios, stack_options, warper_stacks
 from lossless_check.warpers import format_warpers, parse_warpers
+from fixtures.releases import DFLASH, needs
 
 GENERATOR = "DFlashTokenCandidateGenerator"
 #: Negative controls: wrong under (almost) any warper, and wrong only under one warper.
@@ -84,11 +85,13 @@ def test_garbage_spec_is_refused_or_parsed(spec):
     assert isinstance(parsed, dict)
 
 
+@needs(DFLASH)
 def test_dflash_is_lossless_under_random_stacks():
     result = fuzz(GENERATOR, examples=STATISTICAL_EXAMPLES, samples=SAMPLES, alpha=ALPHA_FAMILY, database=None)
     assert result.verdict == "lossless", result.summary()
 
 
+@needs(DFLASH)
 @given(warper_stacks(max_banned=DEFAULT.vocab_size - 1 - MASKED), scenarios(target_masked=MASKED, drafter_masked=MASKED))
 def test_dflash_provenance_on_random_tables(stack, scenario):
     result = provenance_check(Case(resolve_generator(GENERATOR), stack, scenario=scenario), trials=3)
@@ -96,6 +99,7 @@ def test_dflash_provenance_on_random_tables(stack, scenario):
 
 
 @pytest.mark.parametrize("mutant_spec", MUTANTS, ids=lambda spec: spec.rsplit(":", 1)[1])
+@needs(DFLASH)
 def test_mutant_failure_shrinks_to_one_warper(mutant_spec):
     mutant = resolve_generator(mutant_spec)
     found = fuzz(mutant_spec, samples=SAMPLES, alpha=ALPHA_FAMILY, database=None)

@@ -9,6 +9,7 @@ import pytest
 from lossless_check.gate import gate, to_html, to_markdown, write_reports
 from lossless_check.report import to_json
 from lossless_check.results import CaseResult, RunResult
+from fixtures.releases import DFLASH, needs
 
 pytest.importorskip("matplotlib")
 
@@ -61,6 +62,7 @@ def test_all_lossless_headline():
     assert "Failing cases" not in to_html(result, doc, "g")
 
 
+@needs(DFLASH)
 def test_gate_runs_a_matrix_and_writes_reports(tmp_path):
     code = gate("DFlashTokenCandidateGenerator", tmp_path, matrix_name="smoke", samples=200)
     doc = json.loads((tmp_path / "report.json").read_text())

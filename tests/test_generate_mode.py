@@ -144,9 +144,9 @@ NOT_LOSSLESS_UNDER_TOP_K = {
     ASSISTED: ASSISTED_DRAFTS_GREEDILY,
     # drafts are argmaxes, q is their softmax (findings/single_position_greedy_q); the class exists from 5.9
     SINGLE_POSITION: ("5.9.0", None),
-    # q rows returned over permuted token ids (findings/universal_permuted_q); the sweep's generate
-    # mode finds it from 4.54.0 (4.52-4.53's generate() raises on this family: unexamined)
-    UNIVERSAL: ("4.54.0", None),
+    # q rows returned over permuted token ids (findings/universal_permuted_q): 4.52 pruned the
+    # assistant's LM head (4.52.4 generation/utils.py line 1046); 4.50-4.51 prune nothing
+    UNIVERSAL: ("4.52.1", None),
     # MtpModel.forward (modeling_layers.py) samples the processed logits but returns the raw ones
     # (drafted_logits.append(logits) before the processors, up to 5.15.0)
     MTP: ("5.14.0", "5.15.1"),

@@ -14,6 +14,7 @@ from lossless_check.informativeness import case_informative_positions, informati
 from lossless_check.results import Case, CaseResult, RunResult, decide
 from lossless_check.scenarios import SCENARIOS
 from lossless_check.strategies import informative_stacks
+from fixtures.releases import DFLASH, needs
 
 ASSISTED = "AssistedCandidateGenerator"
 #: Point mass at every reachable prefix of markov8's round (the solo catalog values of three truncations).
@@ -88,6 +89,7 @@ def test_vacuous_cases_are_never_lossless_and_get_no_alpha():
     assert run.exit_code == 0 and run.counts()["vacuous"] == 2
 
 
+@needs(DFLASH)
 def test_an_exact_failure_in_a_vacuous_case_is_not_lossless():
     """q laid out one token off: under a point-mass target every draft has returned q = 0."""
     mutant = resolve_generator("fixtures.mutants.dflash_vocabulary:DFlashPermutedVocabQ")

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from fixtures.releases import DFLASH, needs
+
 ROOT = Path(__file__).resolve().parents[1]
 HANGS = "fixtures.mutants.hangs_when_told:DFlashHangsWhenTold"
 #: Two quick cases, then one that hangs while LOSSLESS_TEST_HANG is set.
@@ -62,6 +64,7 @@ def test_a_module_attr_that_is_no_generator_is_a_usage_error():
     assert len(output.strip().splitlines()) == 1
 
 
+@needs(DFLASH)
 def test_sigterm_keeps_the_finished_cases_and_resume_gives_the_uninterrupted_report(tmp_path):
     report = tmp_path / "r.json"
     journal = tmp_path / "r.json.journal.jsonl"
@@ -95,6 +98,7 @@ def test_resume_refuses_another_runs_journal(tmp_path):
     assert code == 2 and "another run's" in output, output
 
 
+@needs(DFLASH)
 def test_sigterm_during_a_split_case_and_resume_give_the_uninterrupted_report(tmp_path):
     """A case split across two workers (lossless_check/scheduler.py), stopped while its chunks run: the
     finished case beside it is kept, the split case runs again on resume."""

@@ -6,11 +6,13 @@ from lossless_check.adapters import resolve_generator
 from lossless_check.api import run_cases as run_modes
 from lossless_check.results import Case
 from lossless_check.scenarios import IID
+from fixtures.releases import DFLASH, needs
 
 MUTANT = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
 
 
 @pytest.mark.parametrize("warpers", [{"top_k": 0}, {"top_k": 3}], ids=["plain", "top_k=3"])
+@needs(DFLASH)
 def test_provenance_and_statistics_agree(warpers):
     cases = [Case(resolve_generator(g), warpers, "all", IID) for g in ("DFlashTokenCandidateGenerator", MUTANT)]
     result = run_modes(cases, 5000, 1e-6, seed=0, sequential=False)
@@ -21,6 +23,7 @@ def test_provenance_and_statistics_agree(warpers):
     assert [c.verdict for c in result.cases] == ["lossless", "lossless" if warpers["top_k"] == 0 else "not_lossless"]
 
 
+@needs(DFLASH)
 def test_provenance_mode_is_exact_and_spends_no_samples():
     cases = [Case(resolve_generator(MUTANT), {"top_k": 3}, "provenance", IID)]
     result = run_modes(cases, 5000, 1e-6, seed=0, sequential=False)

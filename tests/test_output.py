@@ -21,6 +21,7 @@ from lossless_check.adapters import ADAPTERS
 from lossless_check.matrix import matrix
 from lossless_check.results import CaseResult, decide
 from lossless_check.warpers import format_warpers
+from fixtures.releases import DFLASH, needs
 
 ROOT = Path(__file__).resolve().parents[1]
 MUTANT = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
@@ -60,6 +61,7 @@ LONG_STACKS = sorted((format_warpers(w) for w in matrix("default")), key=len)[-3
 
 
 @pytest.mark.parametrize("table", ["auto", "summary"])
+@needs(DFLASH)
 def test_run_prints_every_name_and_stack_whole(table):
     args = ["run", "--generator", "SinglePositionMultiTokenCandidateGenerator", "--generator", MUTANT,
             "--scenario", "iid8", "--samples", "300", "--quiet", "--table", table, "--no-verifier"]
@@ -78,6 +80,7 @@ def test_run_prints_every_name_and_stack_whole(table):
             assert sum(stack in line for line in lines) >= 2, stack
 
 
+@needs(DFLASH)
 def test_every_reason_is_true_of_its_numbers():
     """Fixed and sequential runs, lossless and failing cases, step with provenance beside it."""
     generators = ["DFlashTokenCandidateGenerator", MUTANT, "SinglePositionMultiTokenCandidateGenerator"]

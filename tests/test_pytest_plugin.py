@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from lossless_check.cli import build_parser
+from fixtures.releases import DFLASH, needs
 from lossless_check.pytest_plugin import check_alpha, failure_message, reproduce_command
 from lossless_check.results import CaseResult
 
@@ -147,6 +148,7 @@ def _run_downstream(pytester, *args):
     return cases
 
 
+@needs(DFLASH)
 def test_downstream_suite_serial_and_xdist(pytester, monkeypatch):
     """A correct generator passes, a mutant fails readably; under -n 2 the merged report has the same checks."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")

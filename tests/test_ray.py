@@ -13,6 +13,8 @@ import pytest
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
+from fixtures.releases import DFLASH, needs  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ["run", "--matrix", "smoke", "--generator", "DFlashTokenCandidateGenerator", "--generator",
        "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits", "--scenario", "iid8", "--samples", "800", "--quiet"]
@@ -29,6 +31,7 @@ def report(tmp_path: Path, name: str, *extra: str) -> list[dict]:
     return [{k: v for k, v in case.items() if k not in TIMINGS} for case in json.loads(out.read_text())["cases"]]
 
 
+@needs(DFLASH)
 def test_a_two_node_cluster_gives_the_local_pools_report(tmp_path):
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     try:
@@ -42,6 +45,7 @@ def test_a_two_node_cluster_gives_the_local_pools_report(tmp_path):
     assert {c["verdict"] for c in local} == {"lossless", "not_lossless"}
 
 
+@needs(DFLASH)
 def test_a_case_split_across_a_two_node_cluster_gives_the_unsplit_result(monkeypatch):
     """Chunks as Ray tasks on two nodes, looks in the driver: the run of one worker, timings aside."""
     import dataclasses

@@ -5,6 +5,8 @@ import io
 import re
 from pathlib import Path
 
+from fixtures.releases import DFLASH, needs
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
@@ -14,6 +16,7 @@ def python_example() -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
+@needs(DFLASH)
 def test_the_python_api_example_runs_and_catches_the_mutant():
     out = io.StringIO()
     namespace: dict = {}
@@ -39,6 +42,7 @@ def test_the_package_exports_the_public_api_lazily():
     assert done.stdout.strip() == "['CaseResult', 'FuzzResult', 'RunResult', 'check', 'fuzz', 'run', 'strategies']"
 
 
+@needs(DFLASH)
 def test_the_fuzzing_example_finds_the_three_warpers(tmp_path):
     """The README's downstream fuzzing example: the CLI and the plugin both fail it with the minimal
     stack of exactly its three warpers, as the README shows."""

@@ -12,8 +12,10 @@ from lossless_check.api import run_cases as run
 from lossless_check.candidates import check_candidates
 from lossless_check.results import Case
 from lossless_check.scenarios import IID
+from fixtures.releases import DFLASH, needs
 
 
+@needs(DFLASH)
 def test_a_hanging_generator_times_out_and_the_run_goes_on():
     cases = [Case(resolve_generator("fixtures.mutants.hanging:DFlashHangs"), {"top_k": 3}, scenario=IID),
              Case(resolve_generator("DFlashTokenCandidateGenerator"), {"top_k": 3}, scenario=IID)]
@@ -22,6 +24,7 @@ def test_a_hanging_generator_times_out_and_the_run_goes_on():
     assert fine.verdict not in ("error", "skipped") and fine.samples == 200
 
 
+@needs(DFLASH)
 def test_results_do_not_depend_on_the_number_of_workers():
     cases = [Case(resolve_generator("DFlashTokenCandidateGenerator"), w, scenario=IID) for w in ({}, {"top_k": 3})]
     one, two = (run(cases, 1500, 1e-6, seed=3, workers=w, sequential=False).cases for w in (1, 2))

@@ -8,6 +8,7 @@ import pytest
 import lossless_check as lc
 from lossless_check.adapters.vocabularies import assistant_words, target_words, tokenizer_pair
 from lossless_check.scenarios import SCENARIOS
+from fixtures.releases import DFLASH, lossless_builtins, needs
 
 UNIVERSAL = "UniversalSpeculativeDecodingGenerator"
 
@@ -170,6 +171,7 @@ RAW_LOGITS = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
 
 @pytest.mark.parametrize("generator, verdict, samples", [("DFlashTokenCandidateGenerator", "lossless", 2000),
                                                          (RAW_LOGITS, "not_lossless", 5000)])
+@needs(DFLASH)
 def test_large_vocabulary_catches_raw_logits_under_top_p(generator, verdict, samples):
     """Measured (seed 0, 2 cores): the mutant stops at 2326 trials (e-value, position 2; TV 0.074 on
     the cells at position 1); DFlash passes 5000 trials with tv_detectable 0.133, 81 samples/s."""
@@ -223,7 +225,7 @@ def test_expected_law_is_the_rounded_tables():
     assert _top_k_2_support("markov8-bf16") == 3
 
 
-@pytest.mark.parametrize("generator", SAMPLING_GENERATORS)
+@pytest.mark.parametrize("generator", lossless_builtins(*SAMPLING_GENERATORS))
 def test_sampling_generators_are_lossless_in_bf16(generator):
     """Every generator that samples its drafts upcasts before it samples and returns float32 q
     (5.24: _sample line 3247 for the assistant's generate(), DFlash candidate_generator.py 1655,
@@ -233,6 +235,7 @@ def test_sampling_generators_are_lossless_in_bf16(generator):
     assert case.verdict == "lossless", case.reason
 
 
+@needs(DFLASH)
 def test_expected_law_of_the_unrounded_table_fails_a_lossless_generator(monkeypatch):
     """Negative control of the rounding in :mod:`lossless_check.expected`: laws of the float32 table
     (stubs still emitting bf16) call the third token of the bf16 tie impossible, and real DFlash fails
@@ -249,6 +252,7 @@ def test_expected_law_of_the_unrounded_table_fails_a_lossless_generator(monkeypa
 
 
 @pytest.mark.parametrize("scenario", ["markov8-bf16", "zipf32k-bf16", "zipf32k-fp16"])
+@needs(DFLASH)
 def test_half_precision_q_is_caught_by_provenance(scenario):
     """The mutant's q is a softmax in half precision of the logits whose float32 softmax it sampled
     from: row TV 5.8e-5 (fp16) to 7e-4 (bf16), far below any statistical run (tv_detectable 0.11 at
@@ -259,12 +263,14 @@ def test_half_precision_q_is_caught_by_provenance(scenario):
     assert real.verdict == "lossless", real.reason
 
 
+@needs(DFLASH)
 def test_half_precision_q_mutant_is_consistent_in_float32():
     """The control: on a float32 scenario the mutant's cast does nothing."""
     case = lc.check(HALF_Q, warpers="none", scenario="zipf32k", mode="provenance")
     assert case.verdict == "lossless", case.reason
 
 
+@needs(DFLASH)
 def test_dflash_without_processors_returns_a_half_precision_q():
     """Transformers 5.24, latent: ``DFlashTokenCandidateGenerator`` built with ``logits_processor=None``
     samples from ``softmax(candidate_logits, dtype=torch.float32)`` and returns the bf16 logits
@@ -311,8 +317,8 @@ def test_padded_q_is_named_as_the_error_the_verifier_raises():
     import torch
 
     from lossless_check.candidates import check_candidates
+    from lossless_check.compat import speculative_sampling
     from lossless_check.errors import GeneratorFailure
-    from transformers.generation.utils import _speculative_sampling
 
     ids = torch.tensor([[3, 1, 4, 2, 2, 2]])
     q, p = torch.zeros(1, 3, 16), torch.zeros(1, 4, 8)
@@ -322,7 +328,7 @@ def test_padded_q_is_named_as_the_error_the_verifier_raises():
     q[..., 2] = 10.0
     p[..., 2] = float("-inf")
     with pytest.raises(RuntimeError, match="must match"):
-        _speculative_sampling(ids, q, 3, p)
+        speculative_sampling()(ids, q, 3, p)
 
 
 @pytest.mark.parametrize("generator, scenario, verdict", [
@@ -602,6 +608,7 @@ def test_two_vocabulary_stub_is_pruned_by_the_real_translator_at_49k():
 @pytest.mark.parametrize("generator, verdict, samples", [("AssistedCandidateGenerator", "lossless", 1000),
                                                          ("DFlashTokenCandidateGenerator", "lossless", 1000),
                                                          (RAW_LOGITS, "not_lossless", 5000)])
+@needs(DFLASH)
 def test_lm49k_catches_raw_logits_under_top_k_50(generator, verdict, samples):
     case = lc.check(generator, warpers="top_k=50", scenario="lm49k", samples=samples)
     assert case.verdict == verdict, case.reason
@@ -626,6 +633,7 @@ def test_universal_runs_at_32k_and_fails_only_where_get_vocab_is_not_in_id_order
 
 
 @pytest.mark.slow
+@needs("MTPCandidateGenerator")
 def test_mtp_runs_at_32k_and_is_lossless():
     """The low-rank MTP stub (hidden size 2: one target row, one drafter row) through the real MtpModel:
     1,000 trials, measured 16 s, acceptance 0.627 against the exact 0.628."""

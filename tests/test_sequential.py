@@ -15,6 +15,7 @@ from lossless_check.modes.replay import replays_per_chunk
 from lossless_check.modes.step import Observations, StepCase
 from lossless_check.results import Case
 from lossless_check.scenarios import DEFAULT, IID
+from fixtures.releases import DFLASH, needs
 
 MUTANT = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
 ALPHA = 1e-6
@@ -26,6 +27,7 @@ def test_looks_fall_on_chunk_boundaries():
     assert look_schedule(5000, True)[0] < 200 and look_schedule(5000, False) == [5000]
 
 
+@needs(DFLASH)
 def test_a_bug_stops_at_the_first_trial_where_the_evalue_crosses_on_the_fixed_runs_trials():
     case = Case(resolve_generator(MUTANT), {"temperature": 0.5}, scenario=IID)
     result = run([case], 5000, ALPHA, seed=0, sequential=True).cases[0]
@@ -42,6 +44,7 @@ def test_a_bug_stops_at_the_first_trial_where_the_evalue_crosses_on_the_fixed_ru
     assert "sequential e-value test rejects" in result.reason
 
 
+@needs(DFLASH)
 def test_a_clean_case_runs_to_the_planned_count_and_keeps_the_power_guarantee():
     case = Case(resolve_generator("DFlashTokenCandidateGenerator"), {"top_k": 3}, scenario=DEFAULT)
     sequential = run([case], 2000, ALPHA, seed=0, sequential=True).cases[0]
@@ -53,6 +56,7 @@ def test_a_clean_case_runs_to_the_planned_count_and_keeps_the_power_guarantee():
     assert sequential.log_e_value is not None and sequential.alpha_case == ALPHA
 
 
+@needs(DFLASH)
 def test_sequential_null_false_failure_rate_through_the_real_verifier():
     """Alpha 0.1 per run of 50 trials, looked at after every trial, 40 seeds: one-sided exact binomial
     test of "rejection rate <= 0.1", failing at level 1e-4 (13 or more rejections). A correct

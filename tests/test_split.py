@@ -13,6 +13,7 @@ import dataclasses
 from lossless_check import scheduler
 from lossless_check.api import cases_for, run_cases
 from lossless_check.scheduler import MIN_SPLIT_SECONDS, should_split
+from fixtures.releases import DFLASH, needs
 
 GENERATORS = ["DFlashTokenCandidateGenerator", "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits",
               "fixtures.mutants.dflash_greedy_at_batch_1:DFlashGreedyAtBatch1"]
@@ -34,6 +35,7 @@ def test_a_case_splits_only_where_workers_would_idle():
     assert should_split(big, big + 3.0, 4, slots=2)  # it would end the run alone
 
 
+@needs(DFLASH)
 def test_split_cases_give_the_unsplit_runs_json(monkeypatch):
     cases = cases_for(GENERATORS, ["top_k=3"], None, "step", "iid8")
     # Its own family: its p-value depends on the order its process drew, and Holm's adjustment of

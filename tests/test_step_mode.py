@@ -11,6 +11,7 @@ from lossless_check.results import Case
 from lossless_check.scenarios import IID
 from lossless_check.stubs import fixed_logits_lm
 from lossless_check.warpers import capture_processors
+from fixtures.releases import DFLASH, lossless_builtins, needs
 
 MUTANT = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
 
@@ -42,8 +43,9 @@ def raw_logits_bug_tv(warpers):
     return 0.5 * np.abs(first_token_law(laws.target(), laws.drafter(), raw) - laws.target()).sum()
 
 
-@pytest.mark.parametrize("generator, samples", [("AssistedCandidateGenerator", 1500), ("DFlashTokenCandidateGenerator", 3000)])
-def test_builtin_generators_are_lossless(generator, samples):
+@pytest.mark.parametrize("generator", lossless_builtins("AssistedCandidateGenerator", DFLASH))
+def test_builtin_generators_are_lossless(generator):
+    samples = 3000 if generator == DFLASH else 1500
     result = run([Case(resolve_generator(generator), {"top_k": 3}, scenario=IID)], samples, 1e-6, seed=0, sequential=False)
     case = result.cases[0]
     assert case.verdict == "lossless", case.reason
@@ -51,6 +53,7 @@ def test_builtin_generators_are_lossless(generator, samples):
     assert "acceptance_law" not in case.diagnostics  # the stubs draft from the q the theory assumes
 
 
+@needs(DFLASH)
 def test_raw_logits_mutant_is_flagged_with_the_claimed_power():
     # 8000 trials: the claim for batch-1 calls (the batched rows' 0.055 plus 0.014 the replays leave
     # unproven) is then below the bug's 0.076.
@@ -66,12 +69,14 @@ def test_raw_logits_mutant_is_flagged_with_the_claimed_power():
     assert "TV" in case.reason and "acceptance rate" in case.reason
 
 
+@needs(DFLASH)
 def test_mutant_is_honest_without_warpers():
     """With no warper that changes q, raw and processed logits agree: the mutant is then lossless."""
     result = run([Case(resolve_generator(MUTANT), {"top_k": 0}, scenario=IID)], 1500, 1e-6, seed=1, sequential=False)
     assert result.cases[0].verdict == "lossless", result.cases[0].reason
 
 
+@needs(DFLASH)
 def test_same_seed_same_result():
     def once():
         r = run([Case(resolve_generator("DFlashTokenCandidateGenerator"), {"top_k": 3}, scenario=IID)], 300, 1e-6, 5, sequential=False)

@@ -24,13 +24,15 @@ sampling hold; and at every position, the tokens that follow each prefix follow 
 valid at any sample size; the positions' e-values are averaged). The run stops at the first
 rejection. A lossless generator exits 1 with probability at most --alpha.
 
-Exit code: 1 the bug reproduces (a check fails, or generate() raises), 0 consistent with lossless,
-2 bad usage.
+Exit code: 1 the bug reproduces (a check fails) or generate() raises (verdict ERROR, as the
+harness's `error`: the crash is a finding, but says nothing about the output law; a release may
+also refuse the configuration), 0 consistent with lossless, 2 bad usage.
 
 Written by `lossless-check repro`.
 """
 
 import argparse
+import inspect
 import math
 import sys
 import time
@@ -383,14 +385,14 @@ def run(case, samples, alpha, seed, plain=False):
     tests = [dict() for _ in range(k_max)]  # per position: prefix -> KTEvalue
     log_e = [0.0] * k_max  # per position: the product of its prefixes' e-values, in logs
     first = [0] * len(law(()))
-    failures, started = [], time.time()
+    failures, error, started = [], None, time.time()
     log_threshold, mean_log_e = math.log(1 / alpha), 0.0
     n = 0
     for n in range(1, samples + 1):
         try:
             out = target.generate(prompt, do_sample=not greedy, max_new_tokens=k_max, **warpers, **spec)
-        except Exception as exc:  # the generator under test (or the loop) failed
-            failures.append(f"generate() raised {type(exc).__name__}: {exc}")
+        except Exception as exc:  # the generator under test, the loop, or the release refusing the configuration
+            error = f"generate() raised {type(exc).__name__}: {exc}".splitlines()[0]
             break
         tokens = out[0, prompt.shape[1]:].tolist()
         if len(tokens) > k_max or any(t in eos for t in tokens[:-1]) or (
@@ -415,9 +417,12 @@ def run(case, samples, alpha, seed, plain=False):
             break
     seconds = time.time() - started
     report(case, law(()), first, n, tests, failures, alpha, seconds, plain)
+    versions = f"(transformers {transformers.__version__}, torch {torch.__version__})"
+    if error:  # an error is no evidence about the output law, either way
+        print(f"verdict: ERROR: {error}: no verdict on the output law {versions}")
+        return 1
     reproduced = bool(failures) or mean_log_e >= log_threshold
-    print(f"verdict: {'NOT LOSSLESS: the bug reproduces' if reproduced else 'consistent with lossless'} "
-          f"(transformers {transformers.__version__}, torch {torch.__version__})")
+    print(f"verdict: {'NOT LOSSLESS: the bug reproduces' if reproduced else 'consistent with lossless'} {versions}")
     return 1 if reproduced else 0
 
 
@@ -452,6 +457,9 @@ def main(argv=None):
                         help="generators with two tokenizers: how get_vocab() iterates (fast: the library's hash "
                              "order, nothing overridden; id-ordered; stub: alphabetical)")
     args = parser.parse_args(argv)
+    if "NotImplementedError" in inspect.getsource(GenerationMixin.prepare_inputs_for_generation):
+        parser.exit(2, f"this script needs transformers >= 4.45 (its table model relies on the generic "
+                       f"prepare_inputs_for_generation); installed: {transformers.__version__}\n")
     if args.samples < 1 or not 0 < args.alpha < 1:
         parser.error("--samples must be >= 1 and --alpha in (0, 1)")
     case = dict(CASE, tokenizers=args.tokenizers)

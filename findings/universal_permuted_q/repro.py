@@ -241,6 +241,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.samples < 1 or not 0 < args.alpha < 1 or args.top_k < 0:
         parser.error("--samples must be >= 1, 0 < --alpha < 1 and --top-k >= 0")
+    if not hasattr(transformers.generation.candidate_generator, "UniversalSpeculativeDecodingGenerator"):
+        print(f"transformers {transformers.__version__} has no UniversalSpeculativeDecodingGenerator "
+              "(added in 4.50.0): nothing to reproduce (exit 0)")
+        return 0
     torch.set_num_threads(1)
     transformers.logging.set_verbosity_error()  # transformers' own deprecation chatter from inside generate()
     started = time.time()

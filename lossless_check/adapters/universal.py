@@ -9,6 +9,7 @@ pruning and re-indexing act on it for real (see :mod:`.vocabularies`).
 
 from __future__ import annotations
 
+from ..compat import vocab_translator
 from .assisted import constant_drafts
 from .base import DraftContext, FunctionSession, GeneratorAdapter
 from .rounds import first_assisted_round
@@ -29,8 +30,6 @@ class UniversalAdapter(GeneratorAdapter):
     last_vocabulary_order: list[int] | None = None
 
     def session(self, ctx: DraftContext) -> FunctionSession:
-        from transformers.generation.candidate_generator import AssistantVocabTranslatorCache
-
         vocab = ctx.scenario.vocab_size
         target_tokenizer, assistant_tokenizer = tokenizer_pair(ctx.scenario.tokenizers, vocab)
         assistant = assistant_lm(
@@ -40,19 +39,11 @@ class UniversalAdapter(GeneratorAdapter):
             tokenizers=ctx.scenario.tokenizers,
             **constant_drafts(ctx.scenario.gamma),
         )
-        translator = AssistantVocabTranslatorCache.get_translator(
-            target_tokenizer,
-            assistant_tokenizer,
-            ctx.target.config.vocab_size,
-            assistant_model=assistant,
-            assistant_prune_lm_head=True,
-        )
+        translator = vocab_translator(target_tokenizer, assistant_tokenizer, ctx.target.config.vocab_size, assistant)
         # With fast tokenizers the order the translator saw is the library's (random per process):
         # reported with the case (the session's facts), so a run says which order its numbers come from.
         order = vocabulary_order(translator)
         UniversalAdapter.last_vocabulary_order = order
-        # generate() does this too: a pruned head's logits are not indexed by token id.
-        assistant.generation_config.repetition_penalty = None
 
         def draft(input_ids):
             # A fresh generator per trial: each trial is the first drafting round after the prompt.

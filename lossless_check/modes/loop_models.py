@@ -309,14 +309,10 @@ def _constructor_arguments(model, given: dict[str, Any]) -> dict[str, Callable[[
     config = given["generation_config"]
 
     def translator():
-        from transformers.generation.candidate_generator import AssistantVocabTranslatorCache
+        from ..compat import vocab_translator
 
-        translated = AssistantVocabTranslatorCache.get_translator(
-            given["target_tokenizer"], given["assistant_tokenizer"], model.config.get_text_config().vocab_size,
-            assistant_model=given["assistant_model"], assistant_prune_lm_head=True)
-        # As generate() does: a pruned head's logits are not indexed by token id.
-        given["assistant_model"].generation_config.repetition_penalty = None
-        return translated
+        return vocab_translator(given["target_tokenizer"], given["assistant_tokenizer"],
+                                model.config.get_text_config().vocab_size, given["assistant_model"])
 
     return {
         "input_ids": lambda: given["input_ids"],
