@@ -178,21 +178,45 @@ def sweep_release(release: str, modes: list[str], run_args: dict[str, list[str]]
     return result
 
 
+def reusable_report(path: Path, release: str, args: list[str], stacks: set[str]) -> dict | None:
+    """The report at ``path`` if it is a finished run of ``args`` (``run --matrix M ... --seed S
+    --samples N``) on ``release``: same release, seed and samples, not interrupted, and its cases' warper
+    stacks those of the matrix (``stacks``, formatted); else ``None``."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    wanted = {"transformers_version": release, "seed": int(args[args.index("--seed") + 1]),
+              "samples": int(args[args.index("--samples") + 1]), "interrupted": False}
+    if any(doc.get(key) != value for key, value in wanted.items()):
+        return None
+    return doc if {c.get("warpers") for c in doc.get("cases", [])} == stacks else None
+
+
 def sweep(releases: list[str], modes: list[str], run_args: dict[str, list[str]], work: Path,
           envs: Path = DEFAULT_ENVS, timeout: float = 1800, say=print, backend: str = "local",
-          address: str | None = None, workers: int = 1) -> dict[str, dict]:
+          address: str | None = None, workers: int = 1, reuse: set[str] | None = None) -> dict[str, dict]:
     """``{release: {mode: report or {"failed": why}, "seconds": wall}}``: ``run_args[mode]`` run in
     every release's environment (:func:`sweep_release`): ``workers`` releases at once on the local
     pool (default: one after another, here), or with ``backend="ray"`` a Ray task per release
     (``address``: an existing cluster), each using the environments cached on its node. The results
-    are the same either way."""
+    are the same either way. ``reuse``: the matrix's warper stacks (formatted); a release whose every
+    mode has a :func:`reusable_report` in ``work`` is not run again (its wall time reads ``reused``)."""
     from .engine import make_engine
 
     work.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict] = {}
+    if reuse is not None:
+        for release in releases:
+            kept = {mode: reusable_report(work / f"{release}-{mode}.json", release, run_args[mode], reuse)
+                    for mode in modes}
+            if all(kept.values()):
+                results[release] = {**kept, "seconds": None}
+                say(f"{release}: reused its reports in {work}")
+    to_run = [r for r in releases if r not in results]
 
     def finished(index: int, result: dict) -> None:
-        release = releases[index]
+        release = to_run[index]
         results[release] = result
         for mode in modes:  # a node that does not share this file system wrote the report on its own
             report = work / f"{release}-{mode}.json"
@@ -201,7 +225,7 @@ def sweep(releases: list[str], modes: list[str], run_args: dict[str, list[str]],
         say(f"{release}: {result['seconds']:.0f} s")
 
     with make_engine(workers, backend, address) as engine:
-        engine.map(sweep_release, [(r, modes, run_args, work, envs, timeout) for r in releases], finished=finished)
+        engine.map(sweep_release, [(r, modes, run_args, work, envs, timeout) for r in to_run], finished=finished)
     return {release: results[release] for release in releases}
 
 
@@ -229,7 +253,9 @@ def compat_table(results: dict[str, dict], modes: list[str], command: str, run_a
              f"- date: {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
              f"- command: `{command}`"]
     lines += [f"- {mode}: `lossless-check {shlex.join(run_args[mode])}`" for mode in modes]
-    lines += ["- wall time per release: " + ", ".join(f"{r} {results[r]['seconds']:.0f}s" for r in releases), "",
+    lines += ["- wall time per release: " + ", ".join(
+        f"{r} {'reused' if results[r]['seconds'] is None else format(results[r]['seconds'], '.0f') + 's'}"
+        for r in releases), "",
               "Cells: `lossless` (every case), `**NOT** k/n` (k of n cases not lossless), `error k/n`, `vacuous k/n`, "
               "`skipped`, `absent` (no such class in the release), `failed` (the run gave no report).", ""]
     notes: dict[tuple[str, str, str, str], list[str]] = {}
@@ -306,6 +332,10 @@ def add_history_commands(sub, matrices, default_scenario: str, default_samples: 
                        help="where release environments are kept (default ~/.cache/lossless-check/envs)")
     sweep.add_argument("--work", default="lossless-sweep", metavar="DIR", help="each release's JSON reports")
     sweep.add_argument("--out", default="compat_table.md", metavar="PATH", help="the table (Markdown)")
+    sweep.add_argument("--reuse", action="store_true",
+                       help="keep a release's reports in --work when each is a finished run of these arguments "
+                            "(release, seed, samples, the matrix's stacks), e.g. after an interrupted sweep; delete "
+                            "the reports of releases whose results this checkout would change")
     sweep.add_argument("--timeout", type=positive_int, default=1800, metavar="S", help="seconds per release and mode")
     sweep.add_argument("--backend", choices=("local", "ray"), default="local",
                        help="where releases run: one after another here (default), or a Ray task per release")
@@ -351,8 +381,14 @@ def history_command(args) -> int:
         run_args = {mode: ["run", "--matrix", args.matrix, "--mode", mode, "--seed", str(args.seed), "--samples",
                            str(args.generate_samples if mode == "generate" else args.samples)] for mode in args.modes}
         say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+        reuse = None
+        if args.reuse:
+            from .matrix import matrix
+            from .warpers import format_warpers
+
+            reuse = {format_warpers(stack) for stack in matrix(args.matrix)}
         results = sweep(releases, args.modes, run_args, Path(args.work), envs, args.timeout, say, args.backend,
-                        args.address, args.workers)
+                        args.address, args.workers, reuse)
         command = "lossless-check " + " ".join(sys.argv[1:])
         Path(args.out).write_text(compat_table(results, args.modes, command, run_args))
         failed = [f"{r} {m}: {res[m]['failed']}" for r, res in results.items() for m in args.modes if "failed" in res[m]]

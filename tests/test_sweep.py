@@ -70,6 +70,29 @@ def test_the_table_takes_its_reasons_from_the_reports():
     assert "- step / every generator / failed [5.2.0]: exit 3, no report: boom" in table
 
 
+def test_reuse_keeps_only_finished_reports_of_the_same_run(tmp_path):
+    """``sweep --reuse``: a release whose reports are finished runs of the same arguments is not run
+    again (no environment is built: the unknown release would fail); any difference runs it."""
+    import json
+
+    from lossless_check.sweep import reusable_report, sweep
+
+    args = ["run", "--matrix", "smoke", "--mode", "step", "--seed", "0", "--samples", "1000"]
+    stacks = {"none", "top_k=3"}
+    doc = {"transformers_version": "0.0.1", "seed": 0, "samples": 1000, "interrupted": False,
+           "cases": [{"generator": "G", "warpers": w, "verdict": "lossless"} for w in sorted(stacks)]}
+    report = tmp_path / "0.0.1-step.json"
+    for change, kept in [({}, True), ({"seed": 1}, False), ({"samples": 300}, False), ({"interrupted": True}, False),
+                         ({"transformers_version": "0.0.2"}, False), ({"cases": doc["cases"][:1]}, False)]:
+        report.write_text(json.dumps({**doc, **change}))
+        assert (reusable_report(report, "0.0.1", args, stacks) is not None) == kept, change
+    report.write_text(json.dumps(doc))
+    said = []
+    results = sweep(["0.0.1"], ["step"], {"step": args}, tmp_path, tmp_path / "envs", say=said.append, reuse=stacks)
+    assert results == {"0.0.1": {"step": doc, "seconds": None}} and said == [f"0.0.1: reused its reports in {tmp_path}"]
+    assert "- wall time per release: 0.0.1 reused" in compat_table(results, ["step"], "c", {"step": args})
+
+
 def test_bisect_names_the_release_that_fixed_mtp(tmp_path):
     """MTP of 5.14.x-5.15.0 returns raw logits while it samples processed ones (fixed in 5.15.1)."""
     envs = Path(os.environ.get("LOSSLESS_CHECK_ENVS", Path.home() / ".cache" / "lossless-check" / "envs"))
