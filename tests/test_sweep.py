@@ -76,11 +76,13 @@ def test_reuse_keeps_only_finished_reports_of_the_same_run(tmp_path):
     import json
 
     from lossless_check.sweep import reusable_report, sweep
+    from lossless_check.verifier_report import VERIFIER_NAME
 
     args = ["run", "--matrix", "smoke", "--mode", "step", "--seed", "0", "--samples", "1000"]
     stacks = {"none", "top_k=3"}
     doc = {"transformers_version": "0.0.1", "seed": 0, "samples": 1000, "interrupted": False,
-           "cases": [{"generator": "G", "warpers": w, "verdict": "lossless"} for w in sorted(stacks)]}
+           "cases": [{"generator": "G", "warpers": w, "verdict": "lossless"} for w in sorted(stacks)]
+           + [{"generator": VERIFIER_NAME, "warpers": "-", "verdict": "lossless"}]}  # the run's verifier row
     report = tmp_path / "0.0.1-step.json"
     for change, kept in [({}, True), ({"seed": 1}, False), ({"samples": 300}, False), ({"interrupted": True}, False),
                          ({"transformers_version": "0.0.2"}, False), ({"cases": doc["cases"][:1]}, False)]:
