@@ -21,7 +21,7 @@ from lossless_check.modes import replay, step
 from lossless_check.modes.step import StepCase
 from lossless_check.results import Case
 from lossless_check.scenarios import IID
-from fixtures.releases import DFLASH, needs
+from fixtures.releases import DFLASH, lossless_builtins, needs
 
 WARPERS = "top_k=3"
 
@@ -75,7 +75,7 @@ def test_a_small_bug_at_batch_1_only_runs_at_batch_1_with_its_own_guarantee():
     assert "replays" not in result.batch and result.batch["note"].startswith("batch 1: row ")
 
 
-@pytest.mark.parametrize("name", ["AssistedCandidateGenerator", pytest.param(DFLASH, marks=needs(DFLASH))])
+@pytest.mark.parametrize("name", lossless_builtins("AssistedCandidateGenerator", DFLASH))
 def test_an_equivalent_q_at_batch_1_stays_batched_and_passes(name):
     """A constant added to q's logits at batch 1 is the same softmax: batched, replays match, lossless."""
     with substituted(name, batch_1_only(installed(name), "shift")):

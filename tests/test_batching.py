@@ -31,6 +31,7 @@ import functools
 import pytest
 import torch
 
+from fixtures.releases import assisted_samples, lossless_builtins
 from lossless_check.adapters import ADAPTERS, DraftContext, FactoryAdapter, resolve_generator
 from lossless_check.adapters.base import installed_release
 from lossless_check.modes.replay import SamplerLog
@@ -202,7 +203,7 @@ def __getattr__(attr):
 
 @pytest.mark.parametrize("warpers", STACKS, ids=lambda w: ",".join(f"{k}={v}" for k, v in w.items()) or "none")
 @pytest.mark.parametrize("scenario", (DEFAULT, IID), ids=lambda s: s.name)
-@pytest.mark.parametrize("name", BATCHED)
+@pytest.mark.parametrize("name", lossless_builtins(*BATCHED))
 def test_batch_rows_are_what_batch_1_calls_drafting_the_same_tokens_return(name, scenario, warpers):
     runnable(name)
     if not ADAPTERS[name].batchable:
@@ -258,7 +259,8 @@ def spying(cls):
     return Spy, calls
 
 
-@pytest.mark.parametrize("name", sorted(ADAPTERS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=assisted_samples()) if n == "AssistedCandidateGenerator" else n
+                                  for n in sorted(ADAPTERS)])
 def test_every_call_is_one_get_candidates_call_of_a_fresh_generator(name):
     runnable(name)
     adapter = ADAPTERS[name]

@@ -1,5 +1,6 @@
 """Users' own generators through the factory protocol (``--generator module:function``)."""
 
+from fixtures.releases import assisted_samples
 from lossless_check.adapters import FactoryAdapter, resolve_generator
 from lossless_check.api import run_cases as run
 from lossless_check.results import Case
@@ -11,6 +12,7 @@ def test_factory_specs_resolve_to_the_factory_adapter():
     assert isinstance(resolved.adapter, FactoryAdapter) and resolved.display_name == "assisted"
 
 
+@assisted_samples()
 def test_an_honest_factory_is_lossless_and_a_greedy_one_is_not():
     cases = [Case(resolve_generator(f"fixtures.factories:{name}"), {"top_k": 3}, scenario=IID)
              for name in ("assisted", "greedy_with_softmax_q")]

@@ -11,7 +11,8 @@ import transformers
 from packaging.version import Version
 
 from fixtures.mutants.loop_mutants import LOOP_SCENARIO
-from fixtures.releases import ASSISTED_DRAFTS_GREEDILY, INSTALLED, within
+from fixtures.releases import (ASSISTED_DRAFTS_GREEDILY, INSTALLED, UNIVERSAL_PERMUTES_Q, assisted_samples, lossless_builtins,
+                               within)
 from lossless_check.adapters import resolve_generator
 from lossless_check.expected import ExactLaws, first_token_law
 from lossless_check.modes.generate import (TINY_LLAMA, Generations, _setup, analyse, run_generate_case,
@@ -37,6 +38,7 @@ def generate_case(generator, warpers, scenario, samples, max_new_tokens=4, seed=
 
 
 @pytest.mark.parametrize("warpers", [{"temperature": 0.7}, {"top_k": 3}, {"top_p": 0.7}, {"repetition_penalty": 1.5}])
+@assisted_samples()
 def test_assisted_is_lossless_over_several_rounds(warpers):
     result = generate_case(ASSISTED, warpers, DEFAULT, samples=200)
     assert result.verdict == "lossless", result.reason
@@ -50,7 +52,13 @@ def test_assisted_is_lossless_over_several_rounds(warpers):
 LOOP_CROPS_AT_EOS = Version("5.18.0")
 
 
-@pytest.mark.parametrize("generator", [ASSISTED, PAST_STOPS])
+#: DraftsPastStops sizes its drafts through AssistedCandidateGenerator._calculate_new_tokens, which
+#: 4.48.0 introduced: before it the mutant drafts as Assisted does, within the stops.
+MUTANT_DRAFTS_PAST_STOPS = ("4.48.0", None)
+
+
+@pytest.mark.parametrize("generator", [*lossless_builtins(ASSISTED), pytest.param(PAST_STOPS, marks=pytest.mark.skipif(
+    not within(MUTANT_DRAFTS_PAST_STOPS), reason=f"transformers {INSTALLED}'s Assisted has no _calculate_new_tokens"))])
 def test_eos_and_max_length_cropping_are_lossless(generator):
     """EOS drafted mid-block, and (PAST_STOPS) drafts past EOS and max_length that the loop must crop."""
     result = generate_case(generator, {"eos_token_id": EOS}, DEFAULT, samples=250, max_new_tokens=5)
@@ -64,6 +72,7 @@ def test_eos_and_max_length_cropping_are_lossless(generator):
     assert result.positions[-1]["samples"] < result.positions[0]["samples"]
 
 
+@assisted_samples()
 def test_tiny_llama_pair_is_lossless_under_top_p():
     result = generate_case(ASSISTED, {"top_p": 0.8}, TINY_LLAMA, samples=150)
     assert result.verdict == "lossless", result.reason
@@ -87,6 +96,7 @@ def shifted_q_tv_at_position_2() -> float:
     return float((1 - a0) * 0.5 * np.abs(first_token_law(p, q1, q2) - p).sum())
 
 
+@assisted_samples()
 def test_loop_mutant_passes_step_mode_but_fails_generate_mode():
     true_tv = shifted_q_tv_at_position_2()
 
@@ -144,9 +154,8 @@ NOT_LOSSLESS_UNDER_TOP_K = {
     ASSISTED: ASSISTED_DRAFTS_GREEDILY,
     # drafts are argmaxes, q is their softmax (findings/single_position_greedy_q); the class exists from 5.9
     SINGLE_POSITION: ("5.9.0", None),
-    # q rows returned over permuted token ids (findings/universal_permuted_q): 4.52 pruned the
-    # assistant's LM head (4.52.4 generation/utils.py line 1046); 4.50-4.51 prune nothing
-    UNIVERSAL: ("4.52.1", None),
+    # q rows returned over permuted token ids (findings/universal_permuted_q; 4.50-4.51 prune nothing)
+    UNIVERSAL: UNIVERSAL_PERMUTES_Q,
     # MtpModel.forward (modeling_layers.py) samples the processed logits but returns the raw ones
     # (drafted_logits.append(logits) before the processors, up to 5.15.0)
     MTP: ("5.14.0", "5.15.1"),
@@ -340,7 +349,7 @@ def test_dflash_drafts_past_max_length_and_the_verifier_then_fails_under_no_repe
 
 
 @pytest.mark.parametrize("spec, warpers, verdict", [(SINGLE_POSITION, {}, "not_lossless"),
-                                                    (ASSISTED, {"top_k": 3}, "lossless")])
+                                                    pytest.param(ASSISTED, {"top_k": 3}, "lossless", marks=assisted_samples())])
 def test_sequential_generate_mode_sees_the_fixed_runs_data_cut_short(spec, warpers, verdict):
     """A sequential case stops at its first rejection; a clean one runs every sample, with the
     fixed-sample test at half the case's alpha beside the anytime one."""

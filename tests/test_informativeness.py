@@ -14,7 +14,7 @@ from lossless_check.informativeness import case_informative_positions, informati
 from lossless_check.results import Case, CaseResult, RunResult, decide
 from lossless_check.scenarios import SCENARIOS
 from lossless_check.strategies import informative_stacks
-from fixtures.releases import DFLASH, needs
+from fixtures.releases import DFLASH, assisted_samples, needs
 
 ASSISTED = "AssistedCandidateGenerator"
 #: Point mass at every reachable prefix of markov8's round (the solo catalog values of three truncations).
@@ -61,6 +61,7 @@ def test_case_plans_on_markov8():
     assert case_informative_positions(Case(generator, VACUOUS, mode="generate", max_new_tokens=2)) == []
 
 
+@assisted_samples()
 def test_vacuous_cases_are_never_lossless_and_get_no_alpha():
     """Negative control for the verdict: a built-in generator under a vacuous stack (and under one no
     round reaches informatively) is ``vacuous``, with why; beside them an informative case and a

@@ -8,7 +8,7 @@ import pytest
 import lossless_check as lc
 from lossless_check.adapters.vocabularies import assistant_words, target_words, tokenizer_pair
 from lossless_check.scenarios import SCENARIOS
-from fixtures.releases import DFLASH, lossless_builtins, needs
+from fixtures.releases import DFLASH, assisted_samples, lossless_builtins, needs, universal_permutes_q
 
 UNIVERSAL = "UniversalSpeculativeDecodingGenerator"
 
@@ -69,6 +69,7 @@ def tv_error_bound(n: int, vocab_size: int, false_fail: float = 1e-4) -> float:
     return 0.5 * np.sqrt((vocab_size - 1) / n) + np.sqrt(np.log(1 / false_fail) / (2 * n))
 
 
+@universal_permutes_q()
 def test_universal_is_not_lossless_with_real_fast_tokenizers():
     """Step mode, fixed n (the bound holds at a fixed n, not at a data-chosen stop). The first-token
     TV is the one the recorded hash order predicts, within
@@ -85,11 +86,13 @@ def test_universal_is_not_lossless_with_real_fast_tokenizers():
 
 
 @pytest.mark.parametrize("mode", ["step", "generate"])
+@needs(UNIVERSAL)
 def test_universal_is_lossless_with_the_id_ordered_control(mode):
     case = lc.check(UNIVERSAL, warpers="none", mode=mode, scenario="iid32-id-ordered-vocab", samples=1000)
     assert case.verdict == "lossless", case.reason
 
 
+@universal_permutes_q()
 def test_universal_in_generate_is_not_lossless_with_real_fast_tokenizers():
     """The real ``generate()`` builds the translator from the same plain fast tokenizers, in a hash
     order that changes from process to process. Over 20,000 random orders the first-token TV has
@@ -304,7 +307,7 @@ PADDED = "fixtures.mutants.assisted_padded_vocabulary:"
 
 # Step mode: whichever comes first in the random stream, a padded draft id or the padded q itself.
 @pytest.mark.parametrize("mode, message", [("step", ("outside the vocabulary", "16 columns for a target vocabulary of 8")),
-                                           ("generate", ("different tokenizers",))])
+                                           ("generate", ("different tokenizers", "use the same tokenizer"))])
 def test_assisted_with_a_padded_drafter_is_an_error_as_in_transformers(mode, message):
     """5.24 cannot take the pair: generate() refuses it (utils.py 1910-1918), and the plain generator
     drafts padded ids (23% of the drafter's mass) the target cannot embed."""
@@ -332,9 +335,9 @@ def test_padded_q_is_named_as_the_error_the_verifier_raises():
 
 
 @pytest.mark.parametrize("generator, scenario, verdict", [
-    ("AssistedSuppressesPadding", "iid8-padded-drafter", "lossless"),
+    pytest.param("AssistedSuppressesPadding", "iid8-padded-drafter", "lossless", marks=assisted_samples()),
     ("AssistedClampsPaddedDrafts", "iid8-padded-drafter", "not_lossless"),
-    ("AssistedClampsPaddedDrafts", "iid8", "lossless"),
+    pytest.param("AssistedClampsPaddedDrafts", "iid8", "lossless", marks=assisted_samples()),
 ])
 def test_padded_drafter_fixes(generator, scenario, verdict):
     """Step mode, 2000 trials, alpha 1e-6. Measured (seed 0): the clamping mutant stops after 20
@@ -460,6 +463,7 @@ def test_bpe_first_token_tv_over_random_orders():
 
 
 @pytest.mark.parametrize("mode, samples", [("step", 2000), ("generate", 6000)])
+@universal_permutes_q()
 def test_universal_is_not_lossless_with_bpe_tokenizers(mode, samples):
     """Plain BPE fast tokenizers, hash-ordered ``get_vocab()`` (random per process), sequential runs.
 
@@ -475,6 +479,7 @@ def test_universal_is_not_lossless_with_bpe_tokenizers(mode, samples):
 
 
 @pytest.mark.parametrize("mode, samples", [("step", 2000), ("generate", 1500)])
+@needs(UNIVERSAL)
 def test_universal_is_lossless_with_the_bpe_id_ordered_control(mode, samples):
     """The same BPE tokenizers with ``get_vocab()`` in id order: lossless (false-failure rate <= alpha,
     1e-6). Measured (seed 0, 2 shared cores): step 2,000 trials in 17 s (position-1 TV 0.046,
@@ -484,6 +489,7 @@ def test_universal_is_lossless_with_the_bpe_id_ordered_control(mode, samples):
     assert case.verdict == "lossless", case.reason
 
 
+@needs("AssistedCandidateGeneratorDifferentTokenizers")
 def test_different_tokenizers_is_lossless_with_bpe_tokenizers():
     """Greedy (the only config generate() builds it for) through the real generate(): the assistant's
     greedy drafts (``Ġon`` x3) are decoded and re-encoded into the target's ``Ġon`` and accepted: one
@@ -575,6 +581,7 @@ def test_row_select_head_projects_exactly_in_every_dtype():
         assert not torch.equal(head(RowSelectHead.selector(torch.tensor([0]), rows.shape[0], dtype))[0], rows[0])
 
 
+@universal_permutes_q()
 def test_two_vocabulary_stub_is_pruned_by_the_real_translator_at_49k():
     """Universal's real AssistantVocabTranslator prunes the lm49k assistant's real head (49,152 x 63
     weights, not 49,154 x 49,154): the pruned model's logits are the drafter's, in the order of the
@@ -616,6 +623,7 @@ def test_lm49k_catches_raw_logits_under_top_k_50(generator, verdict, samples):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("tokenizers, verdict", [("stub", "not_lossless"), ("id-ordered", "lossless")])
+@universal_permutes_q()
 def test_universal_runs_at_32k_and_fails_only_where_get_vocab_is_not_in_id_order(tokenizers, verdict):
     """The low-rank two-vocabulary stubs at V = 32,000: Universal's finding (README) appears with the
     stub tokenizers' alphabetical get_vocab (an impossible draft within 125 trials) and not with the

@@ -11,7 +11,7 @@ from lossless_check.results import Case
 from lossless_check.scenarios import IID
 from lossless_check.stubs import fixed_logits_lm
 from lossless_check.warpers import capture_processors
-from fixtures.releases import DFLASH, lossless_builtins, needs
+from fixtures.releases import DFLASH, assisted_samples, lossless_builtins, needs
 
 MUTANT = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
 
@@ -87,6 +87,7 @@ def test_same_seed_same_result():
     assert once() == once()
 
 
+@assisted_samples()
 def test_drafts_that_stop_at_eos_are_tested_not_rejected():
     """An EOS-boosting length penalty makes the assistant stop drafting early, so draft lengths vary
     from round to round, as they do in _assisted_decoding: still lossless, and the token after a

@@ -320,7 +320,9 @@ def _constructor_arguments(model, given: dict[str, Any]) -> dict[str, Callable[[
         "generation_config": lambda: config,
         "model_kwargs": lambda: given["model_kwargs"],
         "logits_processor": lambda: given["logits_processor"],
-        "assistant_model": lambda: model if config.assistant_early_exit is not None else given["assistant_model"],
+        # (GenerationConfig has assistant_early_exit from 4.46)
+        "assistant_model": lambda: (model if getattr(config, "assistant_early_exit", None) is not None
+                                    else given["assistant_model"]),
         "main_model": lambda: model,
         "target_tokenizer": lambda: given["target_tokenizer"],
         "assistant_tokenizer": lambda: given["assistant_tokenizer"],
