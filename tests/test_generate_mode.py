@@ -12,7 +12,7 @@ from packaging.version import Version
 
 from fixtures.mutants.loop_mutants import LOOP_SCENARIO
 from fixtures.releases import (ASSISTED_DRAFTS_GREEDILY, INSTALLED, UNIVERSAL_PERMUTES_Q, assisted_samples, lossless_builtins,
-                               within)
+                               needs, within)
 from lossless_check.adapters import resolve_generator
 from lossless_check.expected import ExactLaws, first_token_law
 from lossless_check.modes.generate import (TINY_LLAMA, Generations, _setup, analyse, run_generate_case,
@@ -297,6 +297,7 @@ def test_a_subclass_is_built_where_generate_builds_its_base():
     assert [c.__name__ for c in built] == ["DFlashReturnsRawLogits"]
 
 
+@needs(DIFFERENT_TOKENIZERS)
 def test_greedy_reference_flags_any_token_but_the_argmax():
     """DifferentTokenizers runs greedy: its reference is a point mass, so one other token fails the case."""
     case = Case(resolve_generator(DIFFERENT_TOKENIZERS), {}, "generate", DEFAULT, 2)

@@ -11,7 +11,8 @@ from transformers.generation import candidate_generator
 from fixtures.releases import ASSISTED_DRAFTS_GREEDILY, INSTALLED, needs, within
 from lossless_check.adapters import ADAPTERS, ResolvedGenerator, resolve_generator
 from lossless_check.modes.provenance import (
-    ARGMAX, NOISE, SAMPLE, TOLERANCE, Draw, Interception, compare_row, disagreement, match_draws, provenance_check)
+    ARGMAX, NOISE, SAMPLE, TOLERANCE, Draw, Interception, compare_row, disagreement, match_draws, provenance_check,
+    run_provenance_case)
 from lossless_check.modes.step import StepCase
 from lossless_check.results import Case
 from lossless_check.scenarios import DEFAULT, IID
@@ -124,6 +125,9 @@ def test_untraceable_sampler_is_a_gap_not_a_verdict():
     generator = ResolvedGenerator("GumbelDFlash", ADAPTERS[DFLASH], gumbel_dflash)
     result = provenance_check(Case(generator, {"top_k": 3}, scenario=IID), trials=2)
     assert result.verdict == "gap" and "interception gap" in result.reason
+    # In a run: skipped with the gap as its reason (neither a pass nor the generator's error).
+    row = run_provenance_case(Case(generator, {"top_k": 3}, "provenance", IID), seed=0)
+    assert row.verdict == "skipped" and row.reason.startswith("interception gap"), row.reason
 
 
 @needs(DFLASH)
