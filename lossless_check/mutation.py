@@ -254,12 +254,8 @@ def run_mutant(mutant: Mutant, samples: int, seed: int, alpha: float) -> dict:
     provenance = provenance_check(case, trials=1, seed=seed)
     at = next((p for p in result.positions if p["position"] == mutant.position), {})
     return {
+        **_catalog_fields(mutant),
         "mutant": result.generator,
-        "spec": mutant.spec,
-        "warpers": format_warpers(mutant.warpers),
-        "scenario": mutant.scenario,
-        "equivalent": mutant.equivalent,
-        "bug": mutant.bug,
         "verdict": result.verdict,
         "caught": result.verdict == "not_lossless",
         "provenance": provenance.verdict,
@@ -268,7 +264,6 @@ def run_mutant(mutant: Mutant, samples: int, seed: int, alpha: float) -> dict:
         "correct": result.verdict == ("lossless" if mutant.equivalent else "not_lossless"),
         "failed_checks": result.failed_checks,
         "p_value": result.p_value,
-        "position": mutant.position,
         "tv": at.get("tv"),
         "tv_detectable": at.get("tv_detectable"),
         "exact_tv": exact_tv(mutant),
@@ -279,15 +274,20 @@ def run_mutant(mutant: Mutant, samples: int, seed: int, alpha: float) -> dict:
     }
 
 
+def _catalog_fields(mutant: Mutant) -> dict:
+    """What a mutant's report row says of its catalog entry."""
+    return {"spec": mutant.spec, "warpers": format_warpers(mutant.warpers), "scenario": mutant.scenario,
+            "equivalent": mutant.equivalent, "bug": mutant.bug, "position": mutant.position}
+
+
 def absent_mutant(mutant: Mutant) -> dict:
     """The row of a mutant the installed release cannot run: neither caught nor missed (``correct`` None)."""
     import transformers
 
-    return {"mutant": mutant.spec.rpartition(":")[2], "spec": mutant.spec, "warpers": format_warpers(mutant.warpers),
-            "scenario": mutant.scenario, "equivalent": mutant.equivalent, "bug": mutant.bug, "verdict": "skipped",
+    return {**_catalog_fields(mutant), "mutant": mutant.spec.rpartition(":")[2], "verdict": "skipped",
             "caught": False, "provenance": "-", "caught_by": [], "correct": None, "failed_checks": [],
-            "p_value": None, "position": mutant.position, "tv": None, "tv_detectable": None, "exact_tv": None,
-            "samples": 0, "samples_at_position": None, "positions": [],
+            "p_value": None, "tv": None, "tv_detectable": None, "exact_tv": None, "samples": 0,
+            "samples_at_position": None, "positions": [],
             "reason": f"transformers {transformers.__version__} has no {mutant.family}"}
 
 
