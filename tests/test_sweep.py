@@ -1,9 +1,13 @@
-"""``lossless-check sweep`` and ``bisect``: release specs, the bisection, the compat table, and a real
-bisection through cached per-release environments (built with uv from the package index)."""
+"""``lossless-check sweep`` and ``bisect``: release specs, the bisection (never an answer it did not
+observe), the compat table, what counts as a verdict, and real runs through cached per-release
+environments (built from the package index) from a fresh virtualenv and from an empty directory."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from lossless_check.errors import UsageError
-from lossless_check.sweep import bisect, compat_table, parse_releases
+from lossless_check.sweep import Failed, bisect, compat_table, parse_releases, run_in
 
 ROOT = Path(__file__).resolve().parents[1]
 AVAILABLE = ["4.57.1", "5.0.0", "5.14.0", "5.14.1", "5.15.0", "5.15.1", "5.16.0", "5.24.0"]
@@ -50,13 +54,78 @@ def test_bisect_finds_the_one_change_and_looks_at_few_releases(change):
         looked.append(release)
         return "not_lossless" if AVAILABLE.index(release) < change else "lossless"
 
-    first, seen = bisect(verdict, AVAILABLE)
-    assert first == AVAILABLE[change] and seen[first] == "lossless"
+    found = bisect(verdict, AVAILABLE)
+    assert found.first == AVAILABLE[change] and found.seen[found.first] == "lossless" and not found.no_answer
     assert len(looked) <= 2 + 3  # both ends, then log2(8) halvings
 
 
 def test_bisect_without_a_change():
-    assert bisect(lambda release: "lossless", AVAILABLE)[0] is None
+    found = bisect(lambda release: "lossless", AVAILABLE)
+    assert found.first is None and not found.no_answer
+
+
+@pytest.mark.parametrize("change", range(1, len(AVAILABLE)))
+def test_bisect_names_only_a_boundary_it_observed(change):
+    """Every set of failed releases: bisect names the change exactly when both releases around it gave
+    verdicts (it steps over failures), and otherwise answers nothing, never a failure read as a verdict."""
+    for failing in itertools.chain.from_iterable(itertools.combinations(AVAILABLE, k) for k in range(len(AVAILABLE) + 1)):
+        def verdict(release):
+            if release in failing:
+                return Failed("exit 3: boom")
+            return "not_lossless" if AVAILABLE.index(release) < change else "lossless"
+
+        found = bisect(verdict, AVAILABLE)
+        observable = AVAILABLE[change - 1] not in failing and AVAILABLE[change] not in failing
+        ends_ran = AVAILABLE[0] not in failing and AVAILABLE[-1] not in failing
+        if observable and ends_ran:
+            assert found.first == AVAILABLE[change] and not found.no_answer, failing
+        else:
+            assert found.first is None and found.no_answer, failing
+
+
+def _fake_python(tmp_path: Path, exit_code: int, report) -> Path:
+    """An interpreter stand-in for :func:`run_in`: writes ``report`` (a dict, raw text, or nothing) to
+    its ``--json`` path and exits ``exit_code`` (negative: killed by that signal)."""
+    script = tmp_path / "python"
+    script.write_text(f"""#!{sys.executable}
+import json, os, signal, sys
+path = sys.argv[sys.argv.index("--json") + 1]
+report = {report!r}
+if report is not None:
+    open(path, "w").write(report if isinstance(report, str) else json.dumps(report))
+sys.stderr.write("the last line\\n")
+if {exit_code} < 0:
+    os.kill(os.getpid(), -{exit_code})
+sys.exit({exit_code})
+""")
+    script.chmod(0o755)
+    return script
+
+
+CASE = {"generator": "G", "warpers": "top_k=3", "verdict": "not_lossless"}
+DONE = {"transformers_version": "5.15.0", "interrupted": False, "cases": [CASE]}
+
+
+@pytest.mark.parametrize("exit_code, report, failure", [
+    (1, DONE, None),
+    (0, dict(DONE, cases=[dict(CASE, verdict="lossless")]), None),
+    (2, None, "exit 2: the last line"),
+    (3, DONE, "exit 3: the last line"),  # a report beside a harness bug is no verdict either
+    (4, dict(DONE, interrupted=True, cases=[dict(CASE, verdict="unfinished")]), "exit 4: the last line"),
+    (-9, None, "killed by signal 9: the last line"),
+    (0, None, "exit 0, no readable report: the last line"),
+    (1, "{\"cases\": [", "exit 1, no readable report: the last line"),
+    (1, dict(DONE, transformers_version="5.24.0"), "the environment has transformers 5.24.0, not 5.15.0"),
+    (1, dict(DONE, cases=[CASE, dict(CASE, verdict="unfinished")]), "an unfinished report (1 of 2 cases"),
+    (1, dict(DONE, interrupted=True), "an unfinished report"),
+    (0, dict(DONE, cases=[]), "an unfinished report (0 of 0"),
+])
+def test_only_a_finished_report_of_a_run_that_exited_0_or_1_is_a_verdict(tmp_path, exit_code, report, failure):
+    doc = run_in(_fake_python(tmp_path, exit_code, report), "5.15.0", ["run"], tmp_path / "r.json", timeout=60)
+    if failure is None:
+        assert doc == report
+    else:
+        assert doc["failed"].startswith(failure), doc
 
 
 def test_the_table_takes_its_reasons_from_the_reports():
