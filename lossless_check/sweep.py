@@ -209,7 +209,8 @@ def sweep(releases: list[str], modes: list[str], run_args: dict[str, list[str]],
             report = work / f"{release}-{mode}.json"
             if "failed" not in result[mode] and not report.exists():
                 report.write_text(json.dumps(result[mode], indent=2))
-        say(f"{release}: {result['seconds']:.0f} s")
+        failures = [f"{mode} failed ({result[mode]['failed']})" for mode in modes if "failed" in result[mode]]
+        say(f"{release}: {result['seconds']:.0f} s" + (": " + "; ".join(failures) if failures else ""))
 
     with make_engine(workers, backend, address) as engine:
         engine.map(sweep_release, [(r, modes, run_args, work, envs, timeout) for r in to_run], finished=finished)
@@ -244,7 +245,8 @@ def compat_table(results: dict[str, dict], modes: list[str], command: str, run_a
         f"{r} {'reused' if results[r]['seconds'] is None else format(results[r]['seconds'], '.0f') + 's'}"
         for r in releases), "",
               "Cells: `lossless` (every case), `**NOT** k/n` (k of n cases not lossless), `error k/n`, `vacuous k/n`, "
-              "`skipped`, `absent` (no such class in the release), `failed` (the run gave no report).", ""]
+              "`skipped`, `absent` (no such class in the release), `failed` (no verdict: the run failed, for the "
+              "reason below).", ""]
     notes: dict[tuple[str, str, str, str], list[str]] = {}
     generators = list(dict.fromkeys(c["generator"] for r in releases for m in modes
                                     for c in results[r][m].get("cases", []))) or ["(no report)"]
@@ -305,10 +307,10 @@ def bisect(verdict_at, releases: list[str]) -> Bisection:
             seen[releases[index]] = verdict_at(releases[index])
         return seen[releases[index]]
 
-    ends = [at(0), at(len(releases) - 1)]
-    failed = [r for r, v in zip((releases[0], releases[-1]), ends) if isinstance(v, Failed)]
-    if failed:
-        return Bisection(None, seen, f"no verdict at {' and '.join(dict.fromkeys(failed))}, an end of the range")
+    for end in (0, len(releases) - 1):  # without both, nothing can be said: the other is not run
+        if isinstance(at(end), Failed):
+            return Bisection(None, seen, f"no verdict at {releases[end]}, an end of the range")
+    ends = [seen[releases[0]], seen[releases[-1]]]
     if ends[0] == ends[1]:
         return Bisection(None, seen)
     low, high = 0, len(releases) - 1  # verdict at low is the oldest's, at high it is not

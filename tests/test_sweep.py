@@ -164,14 +164,119 @@ def test_reuse_keeps_only_finished_reports_of_the_same_run(tmp_path):
     assert "- wall time per release: 0.0.1 reused" in compat_table(results, ["step"], "c", {"step": args})
 
 
+def _uv() -> str | None:
+    return shutil.which("uv") or shutil.which("uv", path=str(Path(sys.executable).parent))
+
+
+def _virtualenv(home: Path, *installs: list[str]) -> Path:
+    """A new virtualenv at ``home`` (what was there is removed), pip in it, each of ``installs`` (pip
+    arguments) installed there; its interpreter. uv builds it when it is here (from uv's cache, 3 s; the
+    first time 17 s for torch) and else venv and pip (80 s measured, torch unpacked each time); uv does
+    not read pip's configuration, so its find-links are passed on."""
+    shutil.rmtree(home, ignore_errors=True)
+    python = home / "bin" / "python"
+    uv = _uv()
+    if uv:
+        links = [f"--find-links={link}" for link in os.environ.get("PIP_FIND_LINKS", "").split()]
+        commands = [[uv, "venv", "-q", "--seed", "--python", sys.executable, str(home)]]
+        commands += [[uv, "pip", "install", "-q", "--python", str(python), *links, *args] for args in installs]
+    else:
+        commands = [[sys.executable, "-m", "venv", str(home)]]
+        commands += [[str(python), "-m", "pip", "install", "-q", *args] for args in installs]
+    for command in commands:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-2000:]
+    return python
+
+
+def _versions() -> tuple[str, str]:
+    import importlib.metadata
+
+    return importlib.metadata.version("torch"), importlib.metadata.version("transformers")
+
+
+def _clean_environ() -> dict[str, str]:
+    """Variables for a command that runs as a user would: nothing of this test run on its path."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+
+
+MTP_BISECT = ["bisect", "--generator", "MTPCandidateGenerator", "--warpers", "top_k=3", "--scenario", "iid8"]
+
+
 def test_bisect_names_the_release_that_fixed_mtp(tmp_path):
-    """MTP of 5.14.x-5.15.0 returns raw logits while it samples processed ones (fixed in 5.15.1)."""
-    envs = Path(os.environ.get("LOSSLESS_CHECK_ENVS", Path.home() / ".cache" / "lossless-check" / "envs"))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "lossless_check.cli", "bisect", "--generator", "MTPCandidateGenerator",
-                           "--warpers", "top_k=3", "--scenario", "iid8", "--releases", "5.14.1..5.16.0",
-                           "--envs", str(envs), "--work", str(tmp_path)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("5.15.1: first release where the verdict changes"), done.stdout
+    """MTP of 5.14.x-5.15.0 returns raw logits while it samples processed ones (fixed in 5.15.1). Run as a
+    user would: from an empty directory, by a fresh virtualenv that alone holds torch and the harness
+    (the release environments must see its packages, not the base interpreter's), with the product's
+    environment cache (``$LOSSLESS_CHECK_ENVS`` or ``~/.cache/lossless-check/envs``, kept between runs)."""
+    from lossless_check.release_env import default_envs
+
+    torch, transformers = _versions()
+    import hashlib
+
+    home = default_envs().parent / "test-venvs" / f"harness-{hashlib.sha256(str(ROOT).encode()).hexdigest()[:10]}"
+    python = _virtualenv(home, [f"torch=={torch}", f"transformers=={transformers}", "-e", str(ROOT)])
+    done = subprocess.run([str(python), "-m", "lossless_check.cli", *MTP_BISECT, "--releases", "5.14.1..5.16.0"],
+                          cwd=tmp_path, env=_clean_environ(), capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("5.15.1: first release where the verdict changes"), done.stdout + done.stderr
     assert "5.15.0 not_lossless" in done.stdout and "5.15.1 lossless" in done.stdout
+    assert (tmp_path / "lossless-bisect" / "bisect-5.15.1.json").exists()  # made in the user's directory
+
+
+UNINSTALLABLE = "4.0.0"  # its tokenizers 0.9.4 has no wheel for this Python and does not build
+
+
+@pytest.mark.parametrize("command", ["bisect", "sweep"])
+def test_a_release_that_cannot_be_installed_gives_no_answer(tmp_path, command):
+    """No environment, no verdict: exit 5, that release named as failed with the installer's reason,
+    no release named as the change, no cell read as a verdict."""
+    _, transformers = _versions()  # the installed release would run here, without an environment
+    args = ([*MTP_BISECT, "--releases", f"{UNINSTALLABLE},{transformers}"] if command == "bisect" else
+            ["sweep", "--releases", UNINSTALLABLE, "--modes", "step", "--samples", "200"])
+    done = subprocess.run([sys.executable, "-m", "lossless_check.cli", *args, "--envs", str(tmp_path / "envs")],
+                          cwd=tmp_path, env={**_clean_environ(), "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 5, done.stdout + done.stderr
+    failed = f"failed (building the environment of transformers {UNINSTALLABLE} failed: "
+    assert (f"{UNINSTALLABLE}: {failed}" if command == "bisect" else f"step {failed}") in done.stderr, done.stderr
+    if command == "bisect":
+        assert done.stdout.startswith(f"no answer: no verdict at {UNINSTALLABLE}, an end of the range"), done.stdout
+        assert "first release" not in done.stdout and "no change" not in done.stdout
+    else:
+        table = (tmp_path / "compat_table.md").read_text()
+        assert f"| generator | {UNINSTALLABLE} |\n|---|---|\n| (no report) | failed |\n" in table
+        assert "no verdict from 1 of 1 runs" in done.stdout
+
+
+@pytest.mark.skipif(_uv() is None, reason="a torchless virtualenv is built with uv")
+def test_a_bisect_from_an_environment_without_torch_gives_no_answer(tmp_path):
+    """The harness installed without torch: the release environment built over it fails its check, and
+    is reported so, not read as a verdict."""
+    _, transformers = _versions()
+    python = _virtualenv(tmp_path / "venv", [f"transformers=={transformers}", "numpy", "scipy", "rich", "hypothesis",
+                                             "matplotlib", "packaging"], ["--no-deps", "-e", str(ROOT)])
+    done = subprocess.run([str(python), "-m", "lossless_check.cli", *MTP_BISECT, "--releases", f"5.16.0,{transformers}",
+                           "--envs", str(tmp_path / "envs")],
+                          cwd=tmp_path, env=_clean_environ(), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 5, done.stdout + done.stderr
+    assert "5.16.0: failed (the environment of transformers 5.16.0 is broken: ModuleNotFoundError: No module named " \
+           "'torch')" in done.stderr, done.stderr
+    assert done.stdout.startswith("no answer: no verdict at 5.16.0, an end of the range"), done.stdout
+
+
+def test_a_broken_cached_environment_is_rebuilt(tmp_path):
+    """An environment that no longer imports is built again before it is used, and says so."""
+    from lossless_check.release_env import BUILT, env_home, environment
+
+    release = "5.16.0"
+    home = env_home(release, tmp_path)
+    (home / "bin").mkdir(parents=True)
+    (home / BUILT).write_text(release)
+    (home / "bin" / "python").write_text("#!/bin/sh\necho 'ImportError: a broken install' >&2\nexit 1\n")
+    (home / "bin" / "python").chmod(0o755)
+    said = []
+    python = environment(release, tmp_path, said.append)
+    assert said == [f"{release}: the cached environment {home} is broken (ImportError: a broken install); rebuilding it"]
+    check = subprocess.run([str(python), "-c", "import torch, transformers; print(transformers.__version__)"],
+                           capture_output=True, text=True, env=_clean_environ())
+    assert check.stdout.strip() == release, check.stderr
