@@ -88,7 +88,7 @@ def environment(release: str, envs: Path | None = None, say=lambda line: None) -
     if home in _checked:
         return python
     home.parent.mkdir(parents=True, exist_ok=True)
-    with open(home.parent / f"{home.name}.lock", "w") as lock:  # another sweep or test may build it too
+    with open(home.parent / f".{home.name}.lock", "w") as lock:  # another sweep or test may build it too
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (home / BUILT).exists():
             why = _broken(python, release)
@@ -114,7 +114,7 @@ def _build(home: Path, release: str) -> None:
         purelib = _step([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).strip()
         # zz: processed after any .pth the release installs, so its own packages stay first on the path.
         (Path(purelib) / "zz-lossless-check-parent.pth").write_text(_pth_line(exposed_paths()))
-        if importlib.util.find_spec("pip") is not None:
+        if _pip_has_python_option():
             _step([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
                    "--disable-pip-version-check", requirement])
         else:
@@ -126,6 +126,14 @@ def _build(home: Path, release: str) -> None:
         shutil.rmtree(home, ignore_errors=True)
         raise RuntimeError(f"building the environment of transformers {release} failed: {exc}") from None
     (home / BUILT).write_text(release + "\n")
+
+
+def _pip_has_python_option() -> bool:
+    """Whether this environment's pip can install into another interpreter (``--python``: pip 22.3)."""
+    from packaging.version import Version
+
+    pip = _installed("pip") if importlib.util.find_spec("pip") is not None else None
+    return pip is not None and Version(pip) >= Version("22.3")
 
 
 def _step(command: list[str]) -> str:

@@ -345,9 +345,10 @@ def case_verdict(release: str, args: list[str], work: Path, envs: Path | None = 
 
 ENVS_HELP = ("where release environments are kept (default $LOSSLESS_CHECK_ENVS, else "
              "~/.cache/lossless-check/envs)")
-NO_ANSWER_HELP = ("Exit codes: 0 an answer; 5 no answer: a release whose run failed (an environment that could not "
-                  "be built, another exit than 0 or 1, no report, an interrupted one) is reported as failed with "
-                  "its reason, never read as a verdict; 2 bad usage; 3 internal error.")
+NO_ANSWER_HELP = ("Exit codes: 0 every run looked at gave a verdict (bisect: the change, or that there is none); 5 no "
+                  "answer: a release whose run failed (an environment that could not be built, another exit than 0 "
+                  "or 1, no report, an interrupted one) is reported as failed with its reason, never read as a "
+                  "verdict; 2 bad usage; 3 internal error.")
 
 
 def add_history_commands(sub, matrices, default_scenario: str, default_samples: int) -> None:
@@ -434,9 +435,7 @@ def history_command(args) -> int:
         results = sweep(releases, args.modes, run_args, work, envs, args.timeout, say, args.backend,
                         args.address, args.workers, reuse)
         command = "lossless-check " + " ".join(sys.argv[1:])
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(compat_table(results, args.modes, command, run_args))
+        Path(args.out).write_text(compat_table(results, args.modes, command, run_args))
         failed = [f"{r} {m}: {res[m]['failed']}" for r, res in results.items() for m in args.modes if "failed" in res[m]]
         for line in failed:
             say(f"FAILED {line}")

@@ -68,7 +68,8 @@ def test_bisect_without_a_change():
 def test_bisect_names_only_a_boundary_it_observed(change):
     """Every set of failed releases: bisect names the change exactly when both releases around it gave
     verdicts (it steps over failures), and otherwise answers nothing, never a failure read as a verdict."""
-    for failing in itertools.chain.from_iterable(itertools.combinations(AVAILABLE, k) for k in range(len(AVAILABLE) + 1)):
+    subsets = (itertools.combinations(AVAILABLE, k) for k in range(len(AVAILABLE) + 1))
+    for failing in itertools.chain.from_iterable(subsets):
         def verdict(release):
             if release in failing:
                 return Failed("exit 3: boom")
@@ -276,7 +277,8 @@ def test_a_broken_cached_environment_is_rebuilt(tmp_path):
     (home / "bin" / "python").chmod(0o755)
     said = []
     python = environment(release, tmp_path, said.append)
-    assert said == [f"{release}: the cached environment {home} is broken (ImportError: a broken install); rebuilding it"]
+    assert said == [f"{release}: the cached environment {home} is broken (ImportError: a broken install); "
+                    "rebuilding it"]
     check = subprocess.run([str(python), "-c", "import torch, transformers; print(transformers.__version__)"],
                            capture_output=True, text=True, env=_clean_environ())
     assert check.stdout.strip() == release, check.stderr
