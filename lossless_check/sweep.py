@@ -14,7 +14,6 @@ import argparse
 import datetime
 import hashlib
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -27,7 +26,7 @@ from itertools import groupby
 from pathlib import Path
 
 from .errors import UsageError
-from .release_env import child_environ, default_envs, environment, last_line
+from .release_env import child_environ, environment, last_line
 
 #: The oldest release the harness supports: the first with ``_speculative_sampling``.
 FIRST_SUPPORTED = "4.37.0"

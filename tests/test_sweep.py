@@ -143,8 +143,6 @@ def test_the_table_takes_its_reasons_from_the_reports():
 def test_reuse_keeps_only_finished_reports_of_the_same_run(tmp_path):
     """``sweep --reuse``: a release whose reports are finished runs of the same arguments is not run
     again (no environment is built: the unknown release would fail); any difference runs it."""
-    import json
-
     from lossless_check.sweep import reusable_report, sweep
     from lossless_check.verifier_report import VERIFIER_NAME
 
