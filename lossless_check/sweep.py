@@ -319,8 +319,8 @@ def bisect(verdict_at, releases: list[str]) -> Bisection:
             if not isinstance(at(index), Failed):
                 break
         else:
-            return Bisection(None, seen, f"the verdict changes after {releases[low]} and by {releases[high]}, "
-                                         "and no release between them gave a verdict")
+            return Bisection(None, seen, f"the verdict changes between {releases[low]} and {releases[high]}, "
+                                         "and every release between them failed")
         low, high = (index, high) if seen[releases[index]] == ends[0] else (low, index)
     return Bisection(releases[high], seen)
 
