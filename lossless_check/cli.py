@@ -3,7 +3,8 @@
 
 Exit codes: 0 every case lossless; 1 at least one case not lossless, or a generator error (a finding
 about the generator); 2 bad usage or input (one line); 3 the harness's own bug; 4 interrupted (SIGINT
-or SIGTERM): the report holds every finished case, the rest ``unfinished``, and ``--resume`` continues.
+or SIGTERM): the report holds every finished case, the rest ``unfinished``, and ``--resume`` continues;
+5 (``sweep``, ``bisect``) no answer: a release's run failed, and is reported so, never as a verdict.
 
 Arguments are checked before torch and transformers are imported, so bad usage fails at once.
 """
@@ -17,6 +18,8 @@ from .errors import UsageError
 from .options import positive_int, probability
 
 EXIT_OK, EXIT_NOT_LOSSLESS, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 4
+#: ``sweep``/``bisect``: runs they aggregate failed, so they give no answer for them (never a verdict).
+EXIT_NO_ANSWER = 5
 #: Trials per case: position 1 then detects a TV of about 0.07 (vocabulary 8, family alpha 1e-6).
 DEFAULT_SAMPLES = 5_000
 DEFAULT_SCENARIO = "markov8"
@@ -67,7 +70,10 @@ def _common(parser: argparse.ArgumentParser, samples_help: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="lossless-check", description="Statistical losslessness checks of speculative decoding.")
+    parser = _Parser(prog="lossless-check", description="Statistical losslessness checks of speculative decoding.",
+                     epilog="exit codes: 0 every case lossless; 1 a case not lossless or an error verdict; 2 bad "
+                            "usage; 3 internal error; 4 interrupted (--resume continues); 5 sweep/bisect: no answer, "
+                            "runs they aggregate failed")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="run losslessness checks")
     run.add_argument("--generator", action="append", metavar="NAME|module:attr",

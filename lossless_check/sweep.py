@@ -1,10 +1,10 @@
 """``lossless-check sweep`` and ``bisect``: the release history, one environment per release.
 
-Each release runs in its own virtual environment, built once and cached (``--envs``, default
-``~/.cache/lossless-check/envs``): ``uv venv --system-site-packages`` over this interpreter (torch,
-numpy, scipy and rich come from here), then ``uv pip install transformers==X`` (``venv`` and pip
-where uv is missing). In it, this package (first on ``PYTHONPATH``) runs the public CLI and writes its
-JSON report; nothing is read from a release but that report. The compat table's reasons are the
+Each release runs in its own cached environment (:mod:`lossless_check.release_env`). In it, the
+public CLI runs and writes its JSON report; nothing is read from a release but that report, and only
+a finished report of that release, from a run that exited 0 or 1, is a verdict: anything else (an
+environment that could not be built, another exit, a crash, no report, an unreadable or interrupted
+one) is that release's failure, with its reason, never a verdict. The compat table's reasons are the
 cases' own explanations, so the table is regenerated, never edited.
 """
 
@@ -14,24 +14,22 @@ import argparse
 import datetime
 import hashlib
 import json
-import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import zipfile
+from dataclasses import dataclass
 from itertools import groupby
 from pathlib import Path
 
 from .errors import UsageError
+from .release_env import child_environ, environment, last_line
 
 #: The oldest release the harness supports: the first with ``_speculative_sampling``.
 FIRST_SUPPORTED = "4.37.0"
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_ENVS = Path.home() / ".cache" / "lossless-check" / "envs"
 #: Digests of each release's ``transformers/generation`` sources, so a wheel is read once.
 DIGESTS = Path.home() / ".cache" / "lossless-check" / "generation-digests.json"
 #: A case reason that means the release lacks the class: its cell reads ``absent``.
@@ -65,7 +63,7 @@ def generation_digest(release: str, cache: Path = DIGESTS) -> str:
                                    "-d", folder, f"transformers=={release}"], capture_output=True, text=True)
             wheels = list(Path(folder).glob("*.whl"))
             if done.returncode or not wheels:
-                raise UsageError(f"cannot download transformers {release}: {_last_line(done)}")
+                raise UsageError(f"cannot download transformers {release}: {last_line(done)}")
             digest = hashlib.sha256()
             with zipfile.ZipFile(wheels[0]) as wheel:
                 for name in sorted(n for n in wheel.namelist() if n.startswith("transformers/generation/")):
@@ -115,55 +113,40 @@ def parse_releases(spec: str, available: list[str] | None = None, digest=generat
     return sorted(set(chosen), key=_version)
 
 
-def environment(release: str, envs: Path = DEFAULT_ENVS) -> Path:
-    """The interpreter of ``release``'s environment (built on first use); this interpreter if its
-    transformers is that release. Raises :class:`RuntimeError` with the installer's last line."""
-    import transformers
-
-    if transformers.__version__ == release:
-        return Path(sys.executable)
-    home = envs / f"tf-{release}"
-    python = home / "bin" / "python"
-    if python.exists():
-        return python
-    uv = shutil.which("uv")
-    steps = ([[uv, "venv", "-q", "--system-site-packages", "--python", sys.executable, str(home)],
-              [uv, "pip", "install", "-q", "--python", str(python), f"transformers=={release}"]] if uv else
-             [[sys.executable, "-m", "venv", "--system-site-packages", str(home)],
-              [str(python), "-m", "pip", "install", "-q", f"transformers=={release}"]])
-    for step in steps:
-        done = subprocess.run(step, capture_output=True, text=True)
-        if done.returncode:
-            shutil.rmtree(home, ignore_errors=True)
-            raise RuntimeError(f"building the environment of {release} failed: {_last_line(done)}")
-    return python
-
-
 def run_in(python: Path, release: str, args: list[str], report: Path, timeout: float) -> dict:
-    """``lossless-check ARGS --json REPORT`` in ``python``'s environment; the report, or ``{"failed": why}``."""
+    """``lossless-check ARGS --json REPORT`` in ``python``'s environment, from this directory (a
+    ``module:attr`` generator is found as in a run here); the report, or ``{"failed": why}`` unless it
+    is a finished report of ``release`` from a run that exited 0 or 1 (exit 1, a case not lossless, is
+    a result)."""
+    report = report.resolve()
     report.unlink(missing_ok=True)
-    env = dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT), OMP_NUM_THREADS="1")
-    try:  # exit 1 (a case not lossless) is a result, not a failure
+    try:
         done = subprocess.run([str(python), "-m", "lossless_check.cli", *args, "--json", str(report), "--quiet"],
-                              env=env, cwd=PACKAGE_ROOT, capture_output=True, text=True, timeout=timeout)
+                              env=child_environ(), capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"failed": f"timed out after {timeout:g} s"}
+    except OSError as exc:
+        return {"failed": f"cannot start {python}: {exc}"}
+    if done.returncode not in (0, 1):
+        how = f"killed by signal {-done.returncode}" if done.returncode < 0 else f"exit {done.returncode}"
+        return {"failed": f"{how}: {last_line(done)}"}
     try:
         doc = json.loads(report.read_text())
-    except (OSError, ValueError):
-        return {"failed": f"exit {done.returncode}, no report: {_last_line(done)}"}
+        cases = doc["cases"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {"failed": f"exit {done.returncode}, no readable report: {last_line(done)}"}
     if doc.get("transformers_version") != release:
         return {"failed": f"the environment has transformers {doc.get('transformers_version')}, not {release}"}
+    from .results import VERDICTS
+
+    unfinished = [c for c in cases if c.get("verdict") not in VERDICTS or c["verdict"] == "unfinished"]
+    if doc.get("interrupted") or unfinished or not cases:
+        return {"failed": f"an unfinished report ({len(unfinished)} of {len(cases)} cases without a verdict)"}
     return doc
 
 
-def _last_line(done: subprocess.CompletedProcess) -> str:
-    lines = (done.stderr or done.stdout or "no output").strip().splitlines()
-    return lines[-1] if lines else "no output"
-
-
 def sweep_release(release: str, modes: list[str], run_args: dict[str, list[str]], work: Path,
-                  envs: Path = DEFAULT_ENVS, timeout: float = 1800) -> dict:
+                  envs: Path | None = None, timeout: float = 1800) -> dict:
     """``{mode: report or {"failed": why}, "seconds": wall}`` of one release: its environment (built on
     first use), then ``run_args[mode]`` there for each mode, each report written under ``work``."""
     started = time.monotonic()
@@ -197,7 +180,7 @@ def reusable_report(path: Path, release: str, args: list[str], stacks: set[str])
 
 
 def sweep(releases: list[str], modes: list[str], run_args: dict[str, list[str]], work: Path,
-          envs: Path = DEFAULT_ENVS, timeout: float = 1800, say=print, backend: str = "local",
+          envs: Path | None = None, timeout: float = 1800, say=print, backend: str = "local",
           address: str | None = None, workers: int = 1, reuse: set[str] | None = None) -> dict[str, dict]:
     """``{release: {mode: report or {"failed": why}, "seconds": wall}}``: ``run_args[mode]`` run in
     every release's environment (:func:`sweep_release`): ``workers`` releases at once on the local
@@ -225,7 +208,8 @@ def sweep(releases: list[str], modes: list[str], run_args: dict[str, list[str]],
             report = work / f"{release}-{mode}.json"
             if "failed" not in result[mode] and not report.exists():
                 report.write_text(json.dumps(result[mode], indent=2))
-        say(f"{release}: {result['seconds']:.0f} s")
+        failures = [f"{mode} failed ({result[mode]['failed']})" for mode in modes if "failed" in result[mode]]
+        say(f"{release}: {result['seconds']:.0f} s" + (": " + "; ".join(failures) if failures else ""))
 
     with make_engine(workers, backend, address) as engine:
         engine.map(sweep_release, [(r, modes, run_args, work, envs, timeout) for r in to_run], finished=finished)
@@ -260,7 +244,8 @@ def compat_table(results: dict[str, dict], modes: list[str], command: str, run_a
         f"{r} {'reused' if results[r]['seconds'] is None else format(results[r]['seconds'], '.0f') + 's'}"
         for r in releases), "",
               "Cells: `lossless` (every case), `**NOT** k/n` (k of n cases not lossless), `error k/n`, `vacuous k/n`, "
-              "`skipped`, `absent` (no such class in the release), `failed` (the run gave no report).", ""]
+              "`skipped`, `absent` (no such class in the release), `failed` (no verdict: the run failed, for the "
+              "reason below).", ""]
     notes: dict[tuple[str, str, str, str], list[str]] = {}
     generators = list(dict.fromkeys(c["generator"] for r in releases for m in modes
                                     for c in results[r][m].get("cases", []))) or ["(no report)"]
@@ -287,31 +272,82 @@ def compat_table(results: dict[str, dict], modes: list[str], command: str, run_a
     return "\n".join(lines) + "\n"
 
 
-def bisect(verdict_at, releases: list[str]) -> tuple[str | None, dict[str, str]]:
-    """The first release whose verdict differs from the oldest's (``None`` if the newest agrees), and
-    every verdict looked at. ``verdict_at(release)`` gives one; binary search assumes one change."""
-    seen = {releases[0]: verdict_at(releases[0]), releases[-1]: verdict_at(releases[-1])}
-    if seen[releases[-1]] == seen[releases[0]]:
-        return None, seen
+@dataclass(frozen=True)
+class Failed:
+    """A release that gave no verdict, and why: never equal to a verdict, so never read as one."""
+
+    reason: str
+
+    def __str__(self) -> str:
+        return f"failed ({self.reason})"
+
+
+@dataclass
+class Bisection:
+    """What :func:`bisect` observed: ``first``, the first release whose verdict differs from the oldest's
+    (its predecessor's verdict is the oldest's, both observed), or ``None`` with ``no_answer`` saying why
+    no boundary was observed (``None`` and ``""``: both ends agree, no change); ``seen``, every release
+    looked at and its verdict or :class:`Failed`."""
+
+    first: str | None
+    seen: dict
+    no_answer: str = ""
+
+
+def bisect(verdict_at, releases: list[str]) -> Bisection:
+    """The first release whose verdict differs from the oldest's, by binary search (which assumes one
+    change). ``verdict_at(release)`` gives a verdict or a :class:`Failed`; a release that failed is
+    stepped over (the nearest release to the middle that gives a verdict is looked at instead), and a
+    boundary is named only between two adjacent releases whose verdicts were both observed."""
+    seen: dict = {}
+
+    def at(index: int):
+        if releases[index] not in seen:
+            seen[releases[index]] = verdict_at(releases[index])
+        return seen[releases[index]]
+
+    for end in (0, len(releases) - 1):  # without both, nothing can be said: the other is not run
+        if isinstance(at(end), Failed):
+            return Bisection(None, seen, f"no verdict at {releases[end]}, an end of the range")
+    ends = [seen[releases[0]], seen[releases[-1]]]
+    if ends[0] == ends[1]:
+        return Bisection(None, seen)
     low, high = 0, len(releases) - 1  # verdict at low is the oldest's, at high it is not
     while high - low > 1:
-        mid = (low + high) // 2
-        seen[releases[mid]] = verdict_at(releases[mid])
-        low, high = (mid, high) if seen[releases[mid]] == seen[releases[0]] else (low, mid)
-    return releases[high], seen
+        middle = (low + high) // 2
+        for index in sorted(range(low + 1, high), key=lambda i: (abs(i - middle), i)):
+            if not isinstance(at(index), Failed):
+                break
+        else:
+            return Bisection(None, seen, f"the verdict changes between {releases[low]} and {releases[high]}, "
+                                         "and every release between them failed")
+        low, high = (index, high) if seen[releases[index]] == ends[0] else (low, index)
+    return Bisection(releases[high], seen)
 
 
-def case_verdict(release: str, args: list[str], work: Path, envs: Path = DEFAULT_ENVS, timeout: float = 1800) -> str:
-    """The verdict of the one case ``args`` names in ``release`` (``failed: why`` without a report)."""
+def case_verdict(release: str, args: list[str], work: Path, envs: Path | None = None, timeout: float = 1800,
+                 say=print):
+    """The verdict of the one case ``args`` names in ``release`` (the verdicts of its cases, joined), or
+    :class:`Failed` with the reason; ``say`` gets a line either way."""
+    started = time.monotonic()
     try:
-        python = environment(release, envs)
+        python = environment(release, envs, say)
     except RuntimeError as exc:
-        return f"failed: {exc}"
-    work.mkdir(parents=True, exist_ok=True)
-    doc = run_in(python, release, args, work / f"bisect-{release}.json", timeout)
-    if "failed" in doc:
-        return f"failed: {doc['failed']}"
-    return ", ".join(sorted({c["verdict"] for c in doc["cases"]}))
+        result = Failed(str(exc))
+    else:
+        work.mkdir(parents=True, exist_ok=True)
+        doc = run_in(python, release, args, work / f"bisect-{release}.json", timeout)
+        result = Failed(doc["failed"]) if "failed" in doc else ", ".join(sorted({c["verdict"] for c in doc["cases"]}))
+    say(f"{release}: {result} ({time.monotonic() - started:.0f} s)")
+    return result
+
+
+ENVS_HELP = ("where release environments are kept (default $LOSSLESS_CHECK_ENVS, else "
+             "~/.cache/lossless-check/envs)")
+NO_ANSWER_HELP = ("Exit codes: 0 every run looked at gave a verdict (bisect: the change, or that there is none); 5 no "
+                  "answer: a release whose run failed (an environment that could not be built, another exit than 0 "
+                  "or 1, no report, an interrupted one) is reported as failed with its reason, never read as a "
+                  "verdict; 2 bad usage; 3 internal error.")
 
 
 def add_history_commands(sub, matrices, default_scenario: str, default_samples: int) -> None:
@@ -319,7 +355,7 @@ def add_history_commands(sub, matrices, default_scenario: str, default_samples: 
     from .options import positive_int
 
     sweep = sub.add_parser("sweep", help="the compat table: a run per release and mode, each release in its own "
-                                         "cached environment")
+                                         "cached environment", epilog=NO_ANSWER_HELP)
     sweep.add_argument("--releases", required=True, metavar="SPEC",
                        help=f"all (since {FIRST_SUPPORTED}: the newest patch of each minor, plus older patches "
                             "whose generation code a later patch changed), every (every release since "
@@ -331,8 +367,7 @@ def add_history_commands(sub, matrices, default_scenario: str, default_samples: 
     sweep.add_argument("--generate-samples", type=positive_int, default=300,
                        help="trials per generate-mode case (default 300)")
     sweep.add_argument("--seed", type=int, default=0)
-    sweep.add_argument("--envs", default=None, metavar="DIR",
-                       help="where release environments are kept (default ~/.cache/lossless-check/envs)")
+    sweep.add_argument("--envs", default=None, metavar="DIR", help=ENVS_HELP)
     sweep.add_argument("--work", default="lossless-sweep", metavar="DIR", help="each release's JSON reports")
     sweep.add_argument("--out", default="compat_table.md", metavar="PATH", help="the table (Markdown)")
     sweep.add_argument("--reuse", action="store_true",
@@ -346,7 +381,8 @@ def add_history_commands(sub, matrices, default_scenario: str, default_samples: 
                        help="--backend ray: the cluster to join (default: a local Ray instance of --workers CPUs)")
     sweep.add_argument("--workers", type=positive_int, default=1,
                        help="releases run at once without --address (default 1: one after another)")
-    bisect = sub.add_parser("bisect", help="the first release in a range where one case's verdict changes")
+    bisect = sub.add_parser("bisect", help="the first release in a range where one case's verdict changes",
+                            epilog=NO_ANSWER_HELP)
     bisect.add_argument("--generator", required=True, metavar="NAME|module:attr")
     bisect.add_argument("--warpers", default="none", metavar="k=v,k=v")
     bisect.add_argument("--releases", required=True, metavar="A..B")
@@ -354,7 +390,7 @@ def add_history_commands(sub, matrices, default_scenario: str, default_samples: 
     bisect.add_argument("--scenario", default=default_scenario)
     bisect.add_argument("--samples", type=positive_int, default=default_samples)
     bisect.add_argument("--seed", type=int, default=0)
-    bisect.add_argument("--envs", default=None, metavar="DIR")
+    bisect.add_argument("--envs", default=None, metavar="DIR", help=ENVS_HELP)
     bisect.add_argument("--work", default="lossless-bisect", metavar="DIR", help="each release's JSON report")
 
 
@@ -376,35 +412,45 @@ def check_history_paths(args, precheck) -> None:
 
 
 def history_command(args) -> int:
-    """``sweep``: the compat table (exit 1 when a release gave no report); ``bisect``: the first release
-    where the verdict changes (exit 0 whether or not it changes)."""
-    envs = Path(args.envs) if args.envs else DEFAULT_ENVS
+    """``sweep``: the compat table (exit 0; 5 when a release and mode gave no verdict, each named with
+    its reason on stderr and ``failed`` in the table); ``bisect``: the first release where the verdict
+    changes, or that none does (exit 0), or no answer (exit 5) when the probes that would decide failed.
+    Relative paths are this directory's: they are resolved before anything runs elsewhere."""
+    from .cli import EXIT_NO_ANSWER, EXIT_OK
+
+    envs = Path(args.envs).resolve() if args.envs else None
+    work = Path(args.work).resolve()
     releases = parse_releases(args.releases)
+    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     if args.command == "sweep":
         run_args = {mode: ["run", "--matrix", args.matrix, "--mode", mode, "--seed", str(args.seed), "--samples",
                            str(args.generate_samples if mode == "generate" else args.samples)] for mode in args.modes}
-        say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
         reuse = None
         if args.reuse:
             from .matrix import matrix
             from .warpers import format_warpers
 
             reuse = {format_warpers(stack) for stack in matrix(args.matrix)}
-        results = sweep(releases, args.modes, run_args, Path(args.work), envs, args.timeout, say, args.backend,
+        results = sweep(releases, args.modes, run_args, work, envs, args.timeout, say, args.backend,
                         args.address, args.workers, reuse)
         command = "lossless-check " + " ".join(sys.argv[1:])
         Path(args.out).write_text(compat_table(results, args.modes, command, run_args))
         failed = [f"{r} {m}: {res[m]['failed']}" for r, res in results.items() for m in args.modes if "failed" in res[m]]
         for line in failed:
-            print(f"FAILED {line}", file=sys.stderr)
-        print(f"wrote {args.out} ({len(releases)} releases x {len(args.modes)} modes)")
-        return 1 if failed else 0
+            say(f"FAILED {line}")
+        runs = len(releases) * len(args.modes)
+        print(f"wrote {args.out} ({len(releases)} releases x {len(args.modes)} modes"
+              + (f"; no verdict from {len(failed)} of {runs} runs: their cells read failed)" if failed else ")"))
+        return EXIT_NO_ANSWER if failed else EXIT_OK
     case = ["run", "--generator", args.generator, "--warpers", args.warpers, "--mode", args.mode, "--scenario",
             args.scenario, "--samples", str(args.samples), "--seed", str(args.seed), "--no-verifier"]
-    first, seen = bisect(lambda release: case_verdict(release, case, Path(args.work), envs), releases)
-    looked = ", ".join(f"{r} {seen[r]}" for r in releases if r in seen)
-    if first is None:
+    found = bisect(lambda release: case_verdict(release, case, work, envs, say=say), releases)
+    looked = ", ".join(f"{r} {found.seen[r]}" for r in releases if r in found.seen)
+    if found.no_answer:
+        print(f"no answer: {found.no_answer}; looked at {looked}")
+        return EXIT_NO_ANSWER
+    if found.first is None:
         print(f"no change in {releases[0]}..{releases[-1]}: {looked}")
     else:
-        print(f"{first}: first release where the verdict changes; looked at {looked}")
-    return 0
+        print(f"{found.first}: first release where the verdict changes; looked at {looked}")
+    return EXIT_OK
