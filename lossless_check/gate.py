@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from .report import FAILING
+from .report import FAILING, beside_line
 
 if TYPE_CHECKING:
     from .results import CaseResult, RunResult
@@ -37,7 +37,8 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
          samples: int = 5_000, alpha: float = 1e-6, seed: int = 0, scenario: str | None = None, workers: int = 1,
          progress: Callable[[int], None] | None = None, sequential: bool = True, batch_size: int | None = None,
          return_result: bool = False, generate_samples: int = 400, repro_dir: str | Path | None = None,
-         resume: bool = False, backend: str = "local", address: str | None = None, verifier: bool = True):
+         resume: bool = False, backend: str = "local", address: str | None = None, verifier: bool = True,
+         verifier_gates: bool = False):
     """Run ``generator_spec`` over a warper matrix, write the three reports into ``out_dir``, return the exit code.
 
     ``scenario=None``: the default scenario, plus the matrix's real-world cases in the first mode
@@ -53,7 +54,8 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
     reproduction script there for every failing case that has one (:func:`lossless_check.repro.write_repros`).
     Finished cases are journaled in ``out_dir`` (:data:`JOURNAL_NAME`); ``resume`` runs only the others.
     An interrupted gate writes its reports with what finished and raises :class:`~lossless_check.api.RunInterrupted`.
-    ``verifier`` (default): the last row is the exact check of the installed ``_speculative_sampling``.
+    ``verifier`` (default): the last row is the exact check of the installed ``_speculative_sampling``,
+    reported beside the generator's cases; it decides the exit code too only with ``verifier_gates``.
     """
     from .adapters import resolve_generator
     from .api import DEFAULT_SCENARIO, RunInterrupted, real_world_cases, resolve_scenario, run_cases
@@ -77,7 +79,7 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
     try:
         result = run_cases(cases, samples, alpha, seed, workers, progress, sequential=sequential,
                            batch_size=batch_size, samples_by_mode=by_mode, journal=journal, backend=backend,
-                           address=address, verifier=verifier)
+                           address=address, verifier=verifier, verifier_gates=verifier_gates)
     except RunInterrupted as stopped:
         write_reports(stopped.partial, out_dir, title=generator_spec)
         raise
@@ -110,13 +112,15 @@ def _fmt(value, spec: str) -> str:
 
 
 def _headline(result: RunResult) -> str:
-    failing = sum(c.verdict in FAILING for c in result.cases)
-    vacuous = sum(c.verdict == "vacuous" for c in result.cases)
+    """The verdict on the subjects (rows reported beside them follow in their own line: :func:`beside_line`)."""
+    subjects = result.subjects
+    failing = sum(c.verdict in FAILING for c in subjects)
+    vacuous = sum(c.verdict == "vacuous" for c in subjects)
     # Vacuous cases fail nothing but tested nothing about q: said beside the verdict, never counted as passes.
     untested = f" ({vacuous} vacuous: they could not reveal a bug in q)" if vacuous else ""
     if failing:
-        return f"not lossless: {failing} of {len(result.cases)} cases fail{untested}"
-    return f"lossless: all {sum(c.verdict == 'lossless' for c in result.cases)} checked cases pass{untested}"
+        return f"not lossless: {failing} of {len(subjects)} cases fail{untested}"
+    return f"lossless: all {sum(c.verdict == 'lossless' for c in subjects)} checked cases pass{untested}"
 
 
 def _context(result: RunResult, doc: dict) -> str:
@@ -147,10 +151,11 @@ def to_markdown(result: RunResult, doc: dict, title: str) -> str:
     def cell(text: str) -> str:
         return text.replace("|", "\\|")
 
-    mark = "❌" if any(c.verdict in FAILING for c in result.cases) else "✅"
+    mark = "❌" if result.exit_code else "✅"
     main = _main_scenario(result)
     lines = [f"### {mark} lossless-check gate: `{title}` — {_headline(result)}", "", _context(result, doc), ""]
-    for c in result.cases:
+    lines += [f"- {cell(beside_line(c))}" for c in result.beside] + ([""] if result.beside else [])
+    for c in result.subjects:
         if c.verdict in FAILING:
             where = [check.split("@")[1] for check in c.failed_checks if check.startswith("output_law@")]
             facts = [f"failing position{'s' if len(where) > 1 else ''} {', '.join(where)}" if where else "",
@@ -160,7 +165,7 @@ def to_markdown(result: RunResult, doc: dict, title: str) -> str:
                          + (f" ({cell(facts)})" if facts else ""))
     lines += ["", "<details><summary>All cases</summary>", "",
               "| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
-    for c in result.cases:
+    for c in result.subjects:
         values = _row(c, main)
         values[3] = f"{_MARK.get(c.verdict, '')} {c.verdict}"
         lines.append("| " + " | ".join(cell(v) for v in values) + " |")
@@ -243,9 +248,10 @@ def _failing_section(index: int, c: CaseResult, main_scenario: str) -> str:
 def _grid(result: RunResult, anchors: dict[int, int]) -> str:
     e = html.escape
     main = _main_scenario(result)
-    rows = list(dict.fromkeys(f"{c.generator} ({_in(c, main)})" for c in result.cases))
-    stacks = list(dict.fromkeys(c.warpers for c in result.cases))
-    cells = {(f"{c.generator} ({_in(c, main)})", c.warpers): (i, c) for i, c in enumerate(result.cases)}
+    subjects = [(i, c) for i, c in enumerate(result.cases) if c.subject]
+    rows = list(dict.fromkeys(f"{c.generator} ({_in(c, main)})" for _, c in subjects))
+    stacks = list(dict.fromkeys(c.warpers for _, c in subjects))
+    cells = {(f"{c.generator} ({_in(c, main)})", c.warpers): (i, c) for i, c in subjects}
     out = ['<table class="grid"><tr><th>generator (mode) \\ warpers</th>']
     out += [f"<th><code>{e(s)}</code></th>" for s in stacks] + ["</tr>"]
     for row in rows:
@@ -279,16 +285,16 @@ section { border-top: 1px solid #e0e0e0; padding-top: 0.5em; }
 def to_html(result: RunResult, doc: dict, title: str) -> str:
     """A self-contained HTML report: summary grid, a section with figures per failing case, the full table."""
     e = html.escape
-    failing = [(i, c) for i, c in enumerate(result.cases) if c.verdict in FAILING]
+    failing = [(i, c) for i, c in enumerate(result.cases) if c.subject and c.verdict in FAILING]
     anchors = {i: n for n, (i, _) in enumerate(failing)}
     body = [f"<h1>lossless-check gate: <code>{e(title)}</code></h1>",
             f"<p><b>{e(_headline(result))}</b></p><p>{e(_context(result, doc))}</p>",
-            "<h2>Summary</h2>", _grid(result, anchors)]
+            *(f"<p>{e(beside_line(c))}</p>" for c in result.beside), "<h2>Summary</h2>", _grid(result, anchors)]
     if failing:
         body.append("<h2>Failing cases</h2>")
         body += [_failing_section(anchors[i], c, _main_scenario(result)) for i, c in failing]
     body.append('<h2>All cases</h2><table class="cases"><tr>' + "".join(f"<th>{c}</th>" for c in _COLUMNS) + "</tr>")
-    for c in result.cases:
+    for c in result.subjects:
         body.append(f'<tr class="v-{e(c.verdict)}">' + "".join(f"<td>{e(v)}</td>" for v in _row(c, _main_scenario(result))) + "</tr>")
     body.append("</table>")
     return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>lossless-check gate: {e(title)}'
