@@ -173,7 +173,7 @@ def _check_paths(args) -> None:
 
     if getattr(args, "json", None):
         check_writable_file(args.json, "--json")
-    for option in ("out", "repro"):
+    for option in ("out", "repro", "database"):
         if getattr(args, option, None) and args.command != "repro":
             check_writable_dir(getattr(args, option), f"--{option}")
     if args.command == "repro":
@@ -337,8 +337,10 @@ def _mutants(args) -> int:
     rows = mutation_report(args.samples, args.seed, args.alpha)
     print_mutation_report(rows, Console(width=None if sys.stdout.isatty() else 200))
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump([{k: v for k, v in row.items() if k != "positions"} for row in rows], handle, indent=2)
+        from .journal import write_atomically
+
+        write_atomically(args.json, json.dumps([{k: v for k, v in row.items() if k != "positions"} for row in rows],
+                                               indent=2))
     ran = [row["correct"] for row in rows if row["correct"] is not None]  # None: not on this release
     return EXIT_OK if ran and all(ran) else EXIT_NOT_LOSSLESS
 
@@ -348,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if args.command in ("run", "gate", "repro", "fuzz"):
             _precheck(args)
-        elif args.command == "mutants" and args.json:
+        elif args.command in ("mutants", "verifier"):
             _check_paths(args)
         elif args.command in ("sweep", "bisect"):
             from .sweep import check_history_paths

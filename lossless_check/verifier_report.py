@@ -42,7 +42,9 @@ def print_verifier(report: VerifierReport, console=None) -> None:
 
 
 def write_verifier_json(report: VerifierReport, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    from .journal import write_atomically
+
+    write_atomically(path, json.dumps(report.to_dict(), indent=2) + "\n")
 
 
 def upstream_status(defect: dict) -> str:

@@ -74,6 +74,21 @@ def test_named_generators_decide_the_exit_code_and_the_verifier_is_reported_besi
         assert printed.splitlines()[-1] == f"{len(subjects)} lossless"  # the subjects' counts
 
 
+@needs(DFLASH)
+def test_every_written_path_gets_its_missing_parent_directories(tmp_path):
+    """As pytest's --junitxml does: --json and the journal beside it, repro --out, and verifier --json."""
+    report = tmp_path / "a" / "b" / "run.json"
+    code = main(["run", "--generator", MUTANT, "--warpers", "top_k=3", "--scenario", "iid8",
+                 "--json", str(report), "--quiet", "--no-verifier"])
+    assert code == 1 and report.exists() and (report.parent / "run.json.journal.jsonl").exists()
+    script = tmp_path / "c" / "d" / "repro.py"
+    assert main(["repro", "--generator", DFLASH, "--warpers", "top_k=3", "--out", str(script)]) == 0
+    assert script.exists()
+    verifier = tmp_path / "e" / "f" / "verifier.json"
+    main(["verifier", "--json", str(verifier)])
+    assert json.loads(verifier.read_text())["checks"]
+
+
 def test_list_shows_installed_generators(capsys):
     """Every generator class of the installed release, and the pair coverage of its catalog: all
     pairs, or the rest with the pairs plain sampling itself cannot run named."""
