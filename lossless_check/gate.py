@@ -8,7 +8,9 @@
   generator x warper stack coloured by verdict and, for each failing case, the expected vs
   empirical output law at position 1, the acceptance law vs theory, and the provenance table.
 
-matplotlib draws the figures and is imported only when the HTML is written.
+matplotlib draws the figures and is imported only when the HTML is written. It is a dependency;
+where it cannot be imported all the same, the reports are written without figures and one line on
+stderr says so (:data:`NO_PLOTS`): a gate never loses its verdict to a plotting library.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ if TYPE_CHECKING:
     from .results import CaseResult, RunResult
 
 REPORT_NAMES = ("report.json", "report.md", "report.html")
+#: Said (stderr, and in the HTML) where matplotlib cannot be imported and a failing case's figures are left out.
+NO_PLOTS = "the HTML report's plots need matplotlib (pip install matplotlib); the reports were written without them"
 #: The gate's journal of finished cases (:mod:`lossless_check.journal`), beside its reports.
 JOURNAL_NAME = "journal.jsonl"
 _MARK = {"lossless": "✅", "not_lossless": "❌", "error": "⚠️", "vacuous": "⭕", "skipped": "⏭️", "unfinished": "⏸️"}
@@ -95,16 +99,29 @@ def write_reports(result: RunResult, out_dir: str | Path, title: str) -> list[Pa
     """Write ``report.json``, ``report.md`` and ``report.html`` into ``out_dir``; return their paths."""
     from .report import to_json
 
+    import sys
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     doc = to_json(result)
-    texts = (json.dumps(doc, indent=2) + "\n", to_markdown(result, doc, title), to_html(result, doc, title))
+    plots = _can_plot()
+    texts = (json.dumps(doc, indent=2) + "\n", to_markdown(result, doc, title), to_html(result, doc, title, plots))
     paths = [out / name for name in REPORT_NAMES]
     from .journal import write_atomically
 
     for path, text in zip(paths, texts):
         write_atomically(path, text)
+    if not plots and any(c.verdict in FAILING for c in result.subjects):
+        print(f"lossless-check: {NO_PLOTS}", file=sys.stderr)
     return paths
+
+
+def _can_plot() -> bool:
+    try:
+        import matplotlib.figure  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _fmt(value, spec: str) -> str:
@@ -217,7 +234,7 @@ def _provenance_table(provenance: dict) -> str:
             f"{rows}</table>")
 
 
-def _failing_section(index: int, c: CaseResult, main_scenario: str) -> str:
+def _failing_section(index: int, c: CaseResult, main_scenario: str, plots: bool = True) -> str:
     e = html.escape
     name = f"{c.generator} [{c.warpers}] ({_in(c, main_scenario)})"
     parts = [f'<section id="case-{index}"><h3>{e(name)}: {e(c.verdict)}</h3>',
@@ -227,14 +244,16 @@ def _failing_section(index: int, c: CaseResult, main_scenario: str) -> str:
     if c.diagnostics:
         parts.append(f"<p>diagnostics (assume the drafter samples the processed drafter table): "
                      f"<code>{e(', '.join(c.diagnostics))}</code></p>")
-    if c.expected_law is not None and c.empirical_law is not None:
+    if not plots:
+        parts.append(f"<p>{e(NO_PLOTS)}</p>")
+    if plots and c.expected_law is not None and c.empirical_law is not None:
         j = c.law_position or 1  # the first failing position (position 1 when none failed on its own)
         at = next((p for p in c.positions if p["position"] == j), {})
         png = _bars(f"output law at position {j} (TV {_fmt(at.get('tv', c.tv), '.4f')}, "
                     f"n={at.get('samples', c.samples)})", "token", c.expected_law, c.empirical_law)
         parts.append(_figure(png, f"position-{j} distribution of {name}",
                              f"Output law at position {j}: expected (target after warpers) vs empirical."))
-    if c.acceptance_law is not None and c.expected_acceptance_law is not None:
+    if plots and c.acceptance_law is not None and c.expected_acceptance_law is not None:
         png = _bars(f"acceptance law (rate {_fmt(c.acceptance_rate, '.3f')} vs theory "
                     f"{_fmt(c.expected_acceptance_rate, '.3f')})", "accepted drafts (n_matches)",
                     c.expected_acceptance_law, c.acceptance_law)
@@ -282,8 +301,9 @@ section { border-top: 1px solid #e0e0e0; padding-top: 0.5em; }
 """ + "".join(f".v-{verdict} {{ background: {colour}; }}\n" for verdict, colour in _COLOUR.items())
 
 
-def to_html(result: RunResult, doc: dict, title: str) -> str:
-    """A self-contained HTML report: summary grid, a section with figures per failing case, the full table."""
+def to_html(result: RunResult, doc: dict, title: str, plots: bool = True) -> str:
+    """A self-contained HTML report: summary grid, a section with figures per failing case (``plots``:
+    drawn with matplotlib; else said), the full table."""
     e = html.escape
     failing = [(i, c) for i, c in enumerate(result.cases) if c.subject and c.verdict in FAILING]
     anchors = {i: n for n, (i, _) in enumerate(failing)}
@@ -292,7 +312,7 @@ def to_html(result: RunResult, doc: dict, title: str) -> str:
             *(f"<p>{e(beside_line(c))}</p>" for c in result.beside), "<h2>Summary</h2>", _grid(result, anchors)]
     if failing:
         body.append("<h2>Failing cases</h2>")
-        body += [_failing_section(anchors[i], c, _main_scenario(result)) for i, c in failing]
+        body += [_failing_section(anchors[i], c, _main_scenario(result), plots) for i, c in failing]
     body.append('<h2>All cases</h2><table class="cases"><tr>' + "".join(f"<th>{c}</th>" for c in _COLUMNS) + "</tr>")
     for c in result.subjects:
         body.append(f'<tr class="v-{e(c.verdict)}">' + "".join(f"<td>{e(v)}</td>" for v in _row(c, _main_scenario(result))) + "</tr>")

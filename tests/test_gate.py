@@ -133,3 +133,31 @@ def test_vacuous_cases_are_coloured_counted_and_never_passes():
     assert "| Gen | top_k=1 | all | ⭕ vacuous |" in markdown
     page = to_html(result, doc, "g")
     assert page.count('class="v-vacuous"') == 2 and ".v-vacuous {" in page and result.exit_code == 0
+
+
+@needs(DFLASH)
+def test_without_matplotlib_the_gate_writes_its_reports_and_says_plots_need_it(tmp_path):
+    """matplotlib is a dependency; where it cannot be imported all the same, a failing gate still exits 1
+    with its three reports, and one line says the plots were left out (never exit 3, never no report)."""
+    import html
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from lossless_check.gate import NO_PLOTS
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "gate"
+    script = ("import sys; sys.modules['matplotlib'] = None  # import matplotlib raises ImportError\n"
+              "from lossless_check.cli import main\n"
+              f"sys.exit(main(['gate', '--generator', 'fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits', "
+              f"'--matrix', 'smoke', '--scenario', 'iid8', '--samples', '2000', '--generate-samples', '100', "
+              f"'--out', {str(out)!r}, '--quiet']))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.count(NO_PLOTS) == 1 and "Traceback" not in done.stderr
+    assert all((out / name).exists() for name in ("report.json", "report.md", "report.html"))
+    page = (out / "report.html").read_text()
+    assert "data:image/png" not in page and html.escape(NO_PLOTS) in page and "Failing cases" in page
