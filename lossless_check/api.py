@@ -233,7 +233,9 @@ def run(generators: Iterable[str] | str | None = None, warpers=None, matrix: str
     the installed ``_speculative_sampling`` (``lossless-check verifier``); ``False`` leaves it out.
     The exit code and counts are the subjects': the named ``generators``, and the verifier only in a
     run over every built-in (``generators=None``) or with ``verifier_gates=True``; otherwise its row
-    is reported beside them (``subject`` false).
+    is reported beside them (``subject`` false). ``workers`` > 1 starts worker processes that import
+    the calling script again (multiprocessing's spawn): call this under ``if __name__ == "__main__":``
+    (a call outside it is refused with a :class:`~lossless_check.errors.UsageError` saying so).
     """
     cases = cases_for(generators, warpers, matrix, mode, scenario, max_new_tokens)
     gates = generators is None if verifier_gates is None else verifier_gates
