@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from .report import FAILING, beside_line
+from .report import FAILING, beside_line, blind_line
 
 if TYPE_CHECKING:
     from .results import CaseResult, RunResult
@@ -140,6 +140,12 @@ def _headline(result: RunResult) -> str:
     return f"lossless: all {sum(c.verdict == 'lossless' for c in subjects)} checked cases pass{untested}"
 
 
+def _notes(result: RunResult) -> list[str]:
+    """Lines under the headline: a blind exact pass (:func:`blind_line`), and the rows reported beside
+    the subjects (:func:`beside_line`)."""
+    return [line for line in [blind_line(result)] + [beside_line(c) for c in result.beside] if line]
+
+
 def _context(result: RunResult, doc: dict) -> str:
     return (f"transformers {doc['transformers_version']} · torch {doc['torch_version']} · family alpha "
             f"{result.alpha_family:g} · seed {result.seed} · {result.samples} samples per case")
@@ -171,7 +177,8 @@ def to_markdown(result: RunResult, doc: dict, title: str) -> str:
     mark = "❌" if result.exit_code else "✅"
     main = _main_scenario(result)
     lines = [f"### {mark} lossless-check gate: `{title}` — {_headline(result)}", "", _context(result, doc), ""]
-    lines += [f"- {cell(beside_line(c))}" for c in result.beside] + ([""] if result.beside else [])
+    notes = _notes(result)
+    lines += [f"- {cell(note)}" for note in notes] + ([""] if notes else [])
     for c in result.subjects:
         if c.verdict in FAILING:
             where = [check.split("@")[1] for check in c.failed_checks if check.startswith("output_law@")]
@@ -309,7 +316,7 @@ def to_html(result: RunResult, doc: dict, title: str, plots: bool = True) -> str
     anchors = {i: n for n, (i, _) in enumerate(failing)}
     body = [f"<h1>lossless-check gate: <code>{e(title)}</code></h1>",
             f"<p><b>{e(_headline(result))}</b></p><p>{e(_context(result, doc))}</p>",
-            *(f"<p>{e(beside_line(c))}</p>" for c in result.beside), "<h2>Summary</h2>", _grid(result, anchors)]
+            *(f"<p>{e(note)}</p>" for note in _notes(result)), "<h2>Summary</h2>", _grid(result, anchors)]
     if failing:
         body.append("<h2>Failing cases</h2>")
         body += [_failing_section(anchors[i], c, _main_scenario(result), plots) for i, c in failing]

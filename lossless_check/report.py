@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from .compat import versions
-from .results import RunResult
+from .results import BLIND, RunResult
 
 
 def _clean(value):
@@ -54,12 +54,23 @@ def _fmt(value, spec: str) -> str:
 
 
 def _note(c) -> str:
-    """The table's last column: why a case was skipped or vacuous, or how its trials were batched when not batched."""
+    """The table's last column: why a case was skipped or vacuous, or how its trials were batched when not
+    batched, and whether its exact provenance pass was blind."""
     if c.verdict in ("skipped", "vacuous"):
         return c.reason
-    if c.batch and c.batch.get("batch_size", 1) <= 1:
-        return c.batch.get("note", "")
-    return ""
+    notes = [c.batch.get("note", "")] if c.batch and c.batch.get("batch_size", 1) <= 1 else []
+    if c.exact_pass_blind:
+        notes.append(BLIND)
+    return "; ".join(notes)
+
+
+def blind_line(result: RunResult) -> str | None:
+    """A line for the summary when the exact provenance pass was blind on some subjects (passing ones too)."""
+    blind = [c for c in result.subjects if c.exact_pass_blind]
+    if not blind:
+        return None
+    ran = sum(bool(c.provenance) for c in result.subjects)
+    return f"{len(blind)} of {ran} cases with an exact pass: {BLIND}"
 
 
 def console_for(rows: list[list[str]] | None = None):
@@ -111,8 +122,8 @@ def print_table(result: RunResult, console=None, table: str = "auto") -> None:
 def beside_line(c) -> str:
     """One line for a row reported beside the subjects (:attr:`RunResult.beside`: the installed verifier
     in a run of named generators): its state, and that it does not decide the exit code."""
-    return (f"installed verifier {c.generator}: {c.verdict} (reported beside the generators, not deciding the exit "
-            f"code; --verifier-gates makes it): {c.reason}")
+    return (f"installed verifier {c.generator}: {c.verdict} (not a subject here: reported, not deciding the exit "
+            f"code): {c.reason}")
 
 
 def print_summary(result: RunResult, console, scenarios: bool) -> None:
@@ -131,7 +142,8 @@ def print_summary(result: RunResult, console, scenarios: bool) -> None:
             where = f" {c.scenario}" if scenarios else ""
             console.print(f"[{VERDICT_STYLE[c.verdict]}]{c.verdict}[/] ", end="", highlight=False)
             console.print(f"{c.generator} [{c.warpers}]{where} {c.mode}: {c.reason}", highlight=False, markup=False)
-    for c in result.beside:
-        console.print(beside_line(c), highlight=False, markup=False)
+    for line in [blind_line(result)] + [beside_line(c) for c in result.beside]:
+        if line:
+            console.print(line, highlight=False, markup=False)
     counts = result.counts()
     console.print(", ".join(f"{n} {v}" for v, n in counts.items() if n), highlight=False)

@@ -18,6 +18,10 @@ from .warpers import format_warpers
 POWER = 0.99
 #: Checks that fail on a single impossible event, whatever the sample size.
 EXACT_CHECKS = ("support", "impossible_draft", "stopping", "provenance")
+#: Said of a case (or fuzz stack) whose exact provenance pass was blind, passing or not: provenance
+#: could not trace its drafts to the draws that made them (an interception gap).
+BLIND = ("exact pass blind: provenance could not see how the drafts were sampled (interception gap), so only the "
+         "statistical tests checked q")
 #: Verdicts, in the order reports list them. ``vacuous``: the case could not reveal a bug in ``q``
 #: (:mod:`~lossless_check.informativeness`); only its exact checks ran, and they passed. ``unfinished``:
 #: only in the report of an interrupted run.
@@ -110,6 +114,11 @@ class CaseResult:
     # Whether the run asked about this row: False for the installed verifier's row in a run whose
     # subjects are named generators (reported beside them; it never sets the exit code).
     subject: bool = True
+
+    @property
+    def exact_pass_blind(self) -> bool:
+        """Whether this case's exact provenance pass ran and could not see the sampler (a ``gap``)."""
+        return bool(self.provenance) and self.provenance.get("verdict") == "gap"
 
     @property
     def vacuous(self) -> bool:

@@ -87,7 +87,7 @@ def test_the_verifier_beside_a_gate_is_reported_and_does_not_fail_it():
     assert result.exit_code == 0 and result.counts()["not_lossless"] == 0
     markdown = to_markdown(result, doc, "g")
     assert "✅ lossless-check gate: `g` — lossless: all 1 checked cases pass" in markdown
-    assert "- installed verifier _speculative_sampling: not_lossless (reported beside" in markdown
+    assert "- installed verifier _speculative_sampling: not_lossless (not a subject here" in markdown
     assert "fixed upstream in 5.25.0" in markdown and "| _speculative_sampling |" not in markdown
     page = to_html(result, doc, "g")
     assert "installed verifier _speculative_sampling: not_lossless" in page and "Failing cases" not in page
