@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from .report import FAILING, beside_line, blind_line
+from .report import FAILING, TV_COLUMNS, beside_line, blind_line, tv_cells
 
 if TYPE_CHECKING:
     from .results import CaseResult, RunResult
@@ -151,7 +151,7 @@ def _context(result: RunResult, doc: dict) -> str:
             f"{result.alpha_family:g} · seed {result.seed} · {result.samples} samples per case")
 
 
-_COLUMNS = ("generator", "warpers", "mode", "verdict", "n", "TV", "detectable TV", "p (Holm)", "accept", "theory")
+_COLUMNS = ("generator", "warpers", "mode", "verdict", "n", *TV_COLUMNS, "p (Holm)", "accept", "theory")
 
 
 def _in(c: CaseResult, main_scenario: str) -> str:
@@ -164,8 +164,8 @@ def _main_scenario(result: RunResult) -> str:
 
 
 def _row(c: CaseResult, main_scenario: str) -> list[str]:
-    return [c.generator, c.warpers, _in(c, main_scenario), c.verdict, str(c.samples or "-"), _fmt(c.tv, ".4f"),
-            _fmt(c.tv_detectable, ".4f"), _fmt(c.p_value_adjusted, ".2g"), _fmt(c.acceptance_rate, ".3f"),
+    return [c.generator, c.warpers, _in(c, main_scenario), c.verdict, str(c.samples or "-"), *tv_cells(c),
+            _fmt(c.p_value_adjusted, ".2g"), _fmt(c.acceptance_rate, ".3f"),
             _fmt(c.expected_acceptance_rate, ".3f")]
 
 

@@ -53,6 +53,23 @@ def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+#: The table's TV columns: :func:`tv_cells`.
+TV_COLUMNS = ("max TV @pos", "detectable TV there")
+
+
+def tv_cells(c) -> tuple[str, str]:
+    """The table's TV cells: the case's largest per-position TV with its position, and the detectable TV
+    at that same position (a failure at positions 2-3 is not shown as position 1's TV beside position
+    1's power). Cases without per-position tests (verifier, generate mode's own) show their headline."""
+    measured = [p for p in c.positions if isinstance(p.get("tv"), float) and math.isfinite(p["tv"])]
+    if not measured:
+        return _fmt(c.tv, ".4f"), _fmt(c.tv_detectable, ".4f")
+    worst = max(measured, key=lambda p: p["tv"])
+    # A vacuous case states no power (decide() cleared it): nothing there to detect.
+    detectable = None if c.tv_detectable is None else worst.get("tv_detectable")
+    return f"{worst['tv']:.4f} @{worst['position']}", _fmt(detectable, ".4f")
+
+
 def _note(c) -> str:
     """The table's last column: why a case was skipped or vacuous, or how its trials were batched when not
     batched, and whether its exact provenance pass was blind."""
@@ -95,10 +112,10 @@ def print_table(result: RunResult, console=None, table: str = "auto") -> None:
 
     subjects = result.subjects
     scenarios = len({c.scenario for c in subjects}) > 1  # a scenario column when a run spans several
-    numeric = ("n", "TV", "detectable TV", "p (Holm)", "accept", "theory")
+    numeric = ("n", *TV_COLUMNS, "p (Holm)", "accept", "theory")
     columns = ("generator", "warpers") + (("scenario",) if scenarios else ()) + ("mode", "verdict") + numeric + ("note",)
     rows = [list(columns)] + [[c.generator, c.warpers, *((c.scenario,) if scenarios else ()), c.mode, c.verdict, str(c.samples or "-"),
-             _fmt(c.tv, ".4f"), _fmt(c.tv_detectable, ".4f"), _fmt(c.p_value_adjusted, ".2g"),
+             *tv_cells(c), _fmt(c.p_value_adjusted, ".2g"),
              _fmt(c.acceptance_rate, ".3f"), _fmt(c.expected_acceptance_rate, ".3f"), _note(c)] for c in subjects]
     console = console or console_for(rows)
     info = versions()
