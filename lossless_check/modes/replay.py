@@ -53,9 +53,9 @@ MIN_REPLAYS = 100
 
 
 #: Why a sampler that draws vocabulary-wide noise runs at batch 1: an expected fallback, not a finding.
-UNFORCEABLE = ("its drafts come from vocabulary-wide random noise (Gumbel-max or an exponential race), which a "
+UNFORCEABLE = ("its drafts draw vocabulary-wide random noise (e.g. Gumbel-max or an exponential race), which a "
                "batch-1 replay cannot force, so every trial is a batch-1 call, as in the real loop (expected for "
-               "such samplers, not a fault)")
+               "such samplers)")
 
 
 class BatchMismatch(Exception):
