@@ -43,12 +43,13 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
               progress: Callable[[int], None] | None = None, sequential: bool = True,
               timeout: float = CHUNK_TIMEOUT, batch_size: int | None = None,
               samples_by_mode: dict[str, int] | None = None, journal=None, backend: str = "local",
-              address: str | None = None, verifier: bool = False) -> RunResult:
+              address: str | None = None, verifier: bool = False, verifier_gates: bool = False) -> RunResult:
     """Run cases of any mode on one engine; the family-wise decision covers every statistical case.
 
     ``verifier``: add the exact check of the installed ``_speculative_sampling`` as the last row
     (:func:`~lossless_check.verifier_report.verifier_row`; no share of ``alpha``, outside Holm; last, so
-    that ``results[i]`` stays the result of ``cases[i]``).
+    that ``results[i]`` stays the result of ``cases[i]``). It is a subject of the run (it can make the
+    run fail) only with ``verifier_gates``; otherwise it is reported beside the cases (``subject=False``).
 
     ``samples_by_mode`` overrides ``samples`` for the cases of a mode (the gate runs the slower
     generate mode at fewer trials; each case states its own ``tv_detectable``).
@@ -102,7 +103,7 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
     if verifier:
         from .verifier_report import verifier_row
 
-        results.append(verifier_row(cases[0].scenario.name if cases else DEFAULT_SCENARIO))
+        results.append(verifier_row(cases[0].scenario.name if cases else DEFAULT_SCENARIO, subject=verifier_gates))
     return RunResult(results, alpha, seed, samples)
 
 
@@ -218,7 +219,8 @@ def real_world_cases(generators: list, matrix_name: str, mode: str, max_new_toke
 def run(generators: Iterable[str] | str | None = None, warpers=None, matrix: str | None = None, mode: str = "step",
         scenario: str | None = None, samples: int = DEFAULT_SAMPLES, alpha: float = DEFAULT_ALPHA, seed: int = 0,
         workers: int = 1, sequential: bool = True, max_new_tokens: int = 4,
-        progress: Callable[[int], None] | None = None, verifier: bool = True) -> RunResult:
+        progress: Callable[[int], None] | None = None, verifier: bool = True,
+        verifier_gates: bool | None = None) -> RunResult:
     """Check every generator under every warper stack; verdicts control the family-wise rate ``alpha``.
 
     ``generators``: names or ``module:attr`` specs (default: every built-in); ``warpers``: a spec
@@ -229,9 +231,16 @@ def run(generators: Iterable[str] | str | None = None, warpers=None, matrix: str
     case runs to ``samples``. Returns a :class:`~lossless_check.results.RunResult` (``.cases``,
     ``.exit_code``, ``.counts()``). ``verifier`` (default): the run's last row is the exact check of
     the installed ``_speculative_sampling`` (``lossless-check verifier``); ``False`` leaves it out.
+    The exit code and counts are the subjects': the named ``generators``, and the verifier only in a
+    run over every built-in (``generators=None``) or with ``verifier_gates=True``; otherwise its row
+    is reported beside them (``subject`` false). ``workers`` > 1 starts worker processes that import
+    the calling script again (multiprocessing's spawn): call this under ``if __name__ == "__main__":``
+    (a call outside it is refused with a :class:`~lossless_check.errors.UsageError` saying so).
     """
     cases = cases_for(generators, warpers, matrix, mode, scenario, max_new_tokens)
-    return run_cases(cases, samples, alpha, seed, workers, progress, sequential, verifier=verifier)
+    gates = generators is None if verifier_gates is None else verifier_gates
+    return run_cases(cases, samples, alpha, seed, workers, progress, sequential, verifier=verifier,
+                     verifier_gates=gates)
 
 
 def check(generator: str, warpers=None, mode: str = "step", scenario: str = DEFAULT_SCENARIO,

@@ -1,10 +1,13 @@
 """``lossless-check`` command line: ``run``, ``gate``, ``verifier``, ``repro``, ``fuzz``, ``sweep``, ``bisect``,
 ``mutants`` and ``list``.
 
-Exit codes: 0 every case lossless; 1 at least one case not lossless, or a generator error (a finding
-about the generator); 2 bad usage or input (one line); 3 the harness's own bug; 4 interrupted (SIGINT
-or SIGTERM): the report holds every finished case, the rest ``unfinished``, and ``--resume`` continues;
-5 (``sweep``, ``bisect``) no answer: a release's run failed, and is reported so, never as a verdict.
+Exit codes answer the question asked: 0 every subject lossless; 1 at least one subject not lossless,
+or a generator error (a finding about the generator); 2 bad usage or input (one line); 3 the harness's
+own bug; 4 interrupted (SIGINT or SIGTERM): the report holds every finished case, the rest
+``unfinished``, and ``--resume`` continues; 5 (``sweep``, ``bisect``) no answer: a release's run failed,
+and is reported so, never as a verdict. The subjects are the named generators; the installed verifier
+is one only in ``verifier``, in a ``run`` without ``--generator`` (the whole install), or with
+``--verifier-gates``; elsewhere its state is reported beside the generators' verdicts.
 
 Arguments are checked before torch and transformers are imported, so bad usage fails at once.
 """
@@ -67,15 +70,22 @@ def _common(parser: argparse.ArgumentParser, samples_help: str) -> None:
     parser.add_argument("--no-verifier", action="store_true",
                         help="leave out the row of the exact check of the installed _speculative_sampling "
                              "(lossless-check verifier), which a run otherwise adds as its last row")
+    parser.add_argument("--verifier-gates", action="store_true",
+                        help="let the installed verifier's row decide the exit code too; by default it does only "
+                             "in a run without --generator (the whole install), and with named generators it is "
+                             "reported beside their verdicts (JSON \"subject\": false)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="lossless-check", description="Statistical losslessness checks of speculative decoding.",
-                     epilog="exit codes: 0 every case lossless; 1 a case not lossless or an error verdict; 2 bad "
-                            "usage; 3 internal error; 4 interrupted (--resume continues); 5 sweep/bisect: no answer, "
-                            "runs they aggregate failed")
+                     epilog="Exit codes: 0 every subject lossless, 1 a subject not lossless (or an error verdict), 2 bad "
+                            "usage, 3 internal error, 4 interrupted (--resume continues), 5 sweep/bisect: no answer, "
+                            "runs they aggregate failed. The subjects are the named generators; the installed "
+                            "verifier is one in 'verifier', in 'run' without --generator, or with --verifier-gates, "
+                            "and is otherwise reported beside them without deciding the exit code.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    run = sub.add_parser("run", help="run losslessness checks")
+    run = sub.add_parser("run", help="run losslessness checks (exit 1: a subject is not lossless; without "
+                                     "--generator the whole install, the verifier included, is the subject)")
     run.add_argument("--generator", action="append", metavar="NAME|module:attr",
                      help="generator to check (repeatable; default: every built-in with an adapter)")
     run.add_argument("--warpers", action="append", metavar="k=v,k=v",
@@ -145,6 +155,8 @@ def _precheck(args) -> None:
         split_warpers(spec)
     if args.scenario is not None and args.scenario not in SCENARIO_NAMES:
         raise UsageError(f"unknown scenario {args.scenario!r}; known: {', '.join(SCENARIO_NAMES)}")
+    if getattr(args, "verifier_gates", False) and getattr(args, "no_verifier", False):
+        raise UsageError("--verifier-gates and --no-verifier contradict each other")
     _check_paths(args)
     check_backend(args)
 
@@ -165,7 +177,7 @@ def _check_paths(args) -> None:
 
     if getattr(args, "json", None):
         check_writable_file(args.json, "--json")
-    for option in ("out", "repro"):
+    for option in ("out", "repro", "database"):
         if getattr(args, option, None) and args.command != "repro":
             check_writable_dir(getattr(args, option), f"--{option}")
     if args.command == "repro":
@@ -240,7 +252,8 @@ def _run(args) -> int:
         with progress_reporter(len(cases) - len(journal.done if journal else ()), args.quiet) as advance:
             result = run_cases(cases, args.samples, args.alpha, args.seed, args.workers, advance, sequential,
                                args.timeout, args.batch_size, journal=journal, backend=args.backend,
-                               address=args.address, verifier=not args.no_verifier)
+                               address=args.address, verifier=not args.no_verifier,
+                               verifier_gates=args.verifier_gates or not args.generator)
     except RunInterrupted as stopped:
         return _interrupted(stopped.partial, args.json, args.table)
     print_table(result, table=args.table)
@@ -293,7 +306,7 @@ def _gate(args) -> int:
                                 sequential=not args.fixed, progress=advance, batch_size=args.batch_size,
                                 return_result=True, generate_samples=args.generate_samples, repro_dir=args.repro,
                                 resume=args.resume, backend=args.backend, address=args.address,
-                                verifier=not args.no_verifier)
+                                verifier=not args.no_verifier, verifier_gates=args.verifier_gates)
     except RunInterrupted as stopped:
         return _interrupted(stopped.partial, str(Path(args.out) / "report.json"), args.table)
     from .report import print_table
@@ -328,8 +341,10 @@ def _mutants(args) -> int:
     rows = mutation_report(args.samples, args.seed, args.alpha)
     print_mutation_report(rows, Console(width=None if sys.stdout.isatty() else 200))
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump([{k: v for k, v in row.items() if k != "positions"} for row in rows], handle, indent=2)
+        from .journal import write_atomically
+
+        write_atomically(args.json, json.dumps([{k: v for k, v in row.items() if k != "positions"} for row in rows],
+                                               indent=2))
     ran = [row["correct"] for row in rows if row["correct"] is not None]  # None: not on this release
     return EXIT_OK if ran and all(ran) else EXIT_NOT_LOSSLESS
 
@@ -339,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if args.command in ("run", "gate", "repro", "fuzz"):
             _precheck(args)
-        elif args.command == "mutants" and args.json:
+        elif args.command in ("mutants", "verifier"):
             _check_paths(args)
         elif args.command in ("sweep", "bisect"):
             from .sweep import check_history_paths

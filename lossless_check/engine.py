@@ -181,6 +181,9 @@ class Engine:
 
     def _start(self) -> ProcessPoolExecutor:
         if self._pool is None:
+            from .spawn_guard import check_main_guard
+
+            check_main_guard(self.workers)
             self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
                                              initializer=_init_worker)
         return self._pool

@@ -29,17 +29,23 @@ def add_fuzz_command(sub, default_scenario: str) -> None:
 
 
 def fuzz_command(args) -> int:
-    """Exit 0 when no stack was found that the generator is not lossless under, 1 when one was."""
+    """Exit 0 when no stack was found that the generator is not lossless under (or raises under), 1 when
+    one was. The installed verifier's state is reported beside the verdict (never deciding the exit code)."""
     import json
 
     from .fuzzing import fuzz
     from .journal import write_atomically
     from .progress import progress_reporter
+    from .report import beside_line
+    from .verifier_report import verifier_row
 
-    with progress_reporter(args.examples, args.quiet) as advance:
+    # No total, so no ETA: the search stops at its first failure, and shrinking adds tests of its own.
+    with progress_reporter(None, args.quiet) as advance:
         result = fuzz(args.generator, args.examples, args.samples, args.scenario, args.seed, args.alpha,
                       args.database, advance)
+    verifier = verifier_row(args.scenario, subject=False)
     print(result.summary())
+    print(beside_line(verifier))
     if args.json:
-        write_atomically(args.json, json.dumps(result.to_dict(), indent=2) + "\n")
+        write_atomically(args.json, json.dumps({**result.to_dict(), "verifier": verifier.to_dict()}, indent=2) + "\n")
     return result.exit_code

@@ -27,15 +27,21 @@ the default budget puts a given triple of options in some stack is measured, not
 A stack whose processed target is a point mass at every reachable prefix (``vacuous``: no q can
 change what is emitted) is no evidence: such examples are rejected with ``assume`` and do not count
 towards the budget. Failing stacks are saved in hypothesis's example database (``database``, a
-directory) and replayed first the next time.
+directory) and replayed first the next time; hypothesis's own caches go there too (never a
+``.hypothesis`` directory beside it).
+
+A generator that raises or times out is an ``error``, not a losslessness verdict (``alpha`` does not
+cover it): the search reports the minimal stack where it does, as an error (exit code 1 all the same).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import shlex
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 #: Odds of an option being present in a stack: 2 to 1 (probability 2/3). At 1 to 1 hypothesis's
@@ -52,6 +58,8 @@ DEFAULT_ALPHA = 1e-6
 DEFAULT_SCENARIO = "markov8"
 #: Hypothesis's example database of failing stacks, replayed first the next time.
 DEFAULT_DATABASE = ".lossless-fuzz"
+#: Hypothesis's home directory (its caches) inside the example database's directory.
+HYPOTHESIS_HOME = "_hypothesis"
 #: ``sum_{k>=1} SPENDING / k**2 == 1``.
 SPENDING = 6 / math.pi**2
 
@@ -63,7 +71,8 @@ def alpha_of_test(alpha: float, k: int) -> float:
 
 @dataclass
 class FuzzResult:
-    """The outcome of :func:`fuzz`: ``verdict`` ``lossless`` or ``not_lossless`` (``exit_code`` 0 or 1)."""
+    """The outcome of :func:`fuzz`: ``verdict`` ``lossless``, ``not_lossless`` or ``error`` (the generator
+    raised or timed out: not a losslessness verdict); ``exit_code`` 0 for ``lossless``, else 1."""
 
     generator: str
     scenario: str
@@ -92,20 +101,30 @@ class FuzzResult:
 
     def summary(self) -> str:
         """Lines for a terminal or a test failure: the verdict, the evidence, the minimal stack."""
+        from .results import BLIND
+
         statistical = [r for r in self.records if r.get("verdict") is not None]
         vacuous = sum(r["vacuous"] for r in self.records)
         detectable = [r["tv_detectable"] for r in statistical if r.get("tv_detectable") is not None]
         power = (f"; each detects TV >= {max(detectable):.3f} at position 1 with power 0.99 (worst example)"
                  if detectable else "")
+        exact = [r for r in self.records if "exact" in r]
+        blind = sum(r["exact"] == "gap" for r in exact)
+        blind = f"; on {blind} of the {len(exact)} stacks with an exact pass, {BLIND}" if blind else ""
         evidence = (f"{len(self.records) - vacuous} stacks checked ({vacuous} vacuous ones skipped), "
                     f"{len(statistical)} statistical tests spending alpha {self.alpha_spent:.3g} <= {self.alpha:g}"
-                    f"{power}; "
+                    f"{power}{blind}; "
                     f"{self.seconds:.0f} s")
         if self.verdict == "lossless":
             return f"{self.generator}: lossless on {self.examples} examples of random warper stacks ({evidence})"
-        return "\n".join([f"{self.generator}: NOT lossless under warpers [{self.stack}] (minimal stack, "
-                          f"scenario {self.scenario}): {self.reason}", f"  evidence: {evidence}",
-                          f"reproduce: {self.reproduce}"])
+        if self.verdict == "error":
+            headline = (f"{self.generator}: ERROR under warpers [{self.stack}] (minimal stack, scenario "
+                        f"{self.scenario}; the generator raised or timed out: an error, not a losslessness "
+                        f"verdict): {self.reason}")
+        else:
+            headline = (f"{self.generator}: NOT lossless under warpers [{self.stack}] (minimal stack, "
+                        f"scenario {self.scenario}): {self.reason}")
+        return "\n".join([headline, f"  evidence: {evidence}", f"reproduce: {self.reproduce}"])
 
 
 class _Found(Exception):
@@ -190,31 +209,38 @@ def is_vacuous(case) -> bool:
     return True
 
 
-def _exact_failure(record: dict) -> str | None:
+def _exact_failure(record: dict) -> tuple[str, str] | None:
+    """``(verdict, why)`` of a stack's exact pass when it fails: ``not_lossless`` or ``error``."""
     if record["exact"] == "inconsistent":
-        return f"provenance: {record['exact_reason']}"
+        return "not_lossless", f"provenance: {record['exact_reason']}"
     if record["exact"] == "error":
-        return f"error: {record['exact_reason']}"
+        return "error", record["exact_reason"]
     return None
 
 
-def _statistical_failure(record: dict) -> str | None:
-    if record["verdict"] in ("not_lossless", "error"):
-        return (f"{record['verdict']} at alpha {record['alpha']:.3g} (p={record['p_value']}, "
-                f"detectable TV {record['tv_detectable']}): {record['reason']}")
+def _statistical_failure(record: dict) -> tuple[str, str] | None:
+    """``(verdict, why)`` of a stack's statistical test when it fails: ``not_lossless`` or ``error``."""
+    if record["verdict"] == "error":
+        return "error", record["reason"]
+    if record["verdict"] == "not_lossless":
+        p = "-" if record["p_value"] is None else format(record["p_value"], ".2g")
+        detectable = "-" if record["tv_detectable"] is None else format(record["tv_detectable"], ".4f")
+        return ("not_lossless", f"not_lossless at alpha {record['alpha']:.3g} (p={p}, detectable TV {detectable}): "
+                                f"{record['reason']}")
     return None
 
 
-def _search(examiner: _Examiner, check: Callable[[dict], str | None], key: str, examples: int, seed: int,
-            database: str | None) -> tuple[dict, str] | None:
-    """Run hypothesis over ``examples`` non-vacuous stacks; the minimal failing stack and why, or None."""
+def _search(examiner: _Examiner, check: Callable[[dict], tuple[str, str] | None], key: str, examples: int,
+            seed: int, database: str | None) -> tuple[dict, tuple[str, str]] | None:
+    """Run hypothesis over ``examples`` non-vacuous stacks; the minimal failing stack and its
+    ``(verdict, why)``, or None."""
     from hypothesis import HealthCheck, Verbosity, assume, given, settings
     from hypothesis import seed as seeded
     from hypothesis.database import DirectoryBasedExampleDatabase
 
     from .strategies import warper_stacks
 
-    failures: dict[str, str] = {}
+    failures: dict[str, tuple[str, str]] = {}
 
     @settings(max_examples=examples, deadline=None, verbosity=Verbosity.quiet, print_blob=False,
               database=DirectoryBasedExampleDatabase(database) if database else None,
@@ -253,22 +279,43 @@ def fuzz(generator: str, examples: int = DEFAULT_EXAMPLES, samples: int = DEFAUL
     started = time.perf_counter()
     examiner = _Examiner(generator, scenario, samples, alpha, seed, progress or (lambda trials: None))
     identity = f"lossless-fuzz|{generator}|{scenario}"
-    found = _search(examiner, lambda s: _exact_failure(examiner.exact(s)), identity + "|exact", examples, seed,
-                    database)
-    mode = "provenance"
-    if found is None:
-        found = _search(examiner, lambda s: _exact_failure(examiner.exact(s)) or _statistical_failure(
-            examiner.statistical(s)), identity + "|statistical", examples, seed, database)
-        mode = "step"
+    with _hypothesis_home(database):
+        found = _search(examiner, lambda s: _exact_failure(examiner.exact(s)), identity + "|exact", examples, seed,
+                        database)
+        mode = "provenance"
+        if found is None:
+            found = _search(examiner, lambda s: _exact_failure(examiner.exact(s)) or _statistical_failure(
+                examiner.statistical(s)), identity + "|statistical", examples, seed, database)
+            mode = "step"
     result = FuzzResult(generator, scenario, "lossless", alpha, samples, seed, examples,
                         records=list(examiner.records.values()))
     if found is not None:
-        record, why = found
+        record, (verdict, why) = found
         mode = "provenance" if _exact_failure(record) else mode
-        result.verdict, result.stack, result.reason = "not_lossless", record["stack"], why
+        result.verdict, result.stack, result.reason = verdict, record["stack"], why
         result.reproduce = reproduce_command(generator, record, scenario, mode, seed)
     result.seconds = time.perf_counter() - started
     return result
+
+
+@contextlib.contextmanager
+def _hypothesis_home(database: str | None):
+    """Hypothesis keeps caches in its home directory, by default ``./.hypothesis`` (e.g. the constants
+    it collects from loaded modules): during a search, under the example database's directory (a
+    temporary one without a database), so that fuzzing leaves only ``database`` behind. Restored after."""
+    import tempfile
+
+    from hypothesis import configuration
+
+    previous = getattr(configuration, "__hypothesis_home_directory", None)  # None: resolved on next use
+    with contextlib.ExitStack() as stack:
+        home = (Path(database) / HYPOTHESIS_HOME if database
+                else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lossless-fuzz-"))))
+        configuration.set_hypothesis_home_dir(home)
+        try:
+            yield
+        finally:
+            configuration.set_hypothesis_home_dir(previous)
 
 
 def reproduce_command(generator: str, record: dict, scenario: str, mode: str, seed: int) -> str:

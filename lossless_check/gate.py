@@ -8,7 +8,9 @@
   generator x warper stack coloured by verdict and, for each failing case, the expected vs
   empirical output law at position 1, the acceptance law vs theory, and the provenance table.
 
-matplotlib draws the figures and is imported only when the HTML is written.
+matplotlib draws the figures and is imported only when the HTML is written. It is a dependency;
+where it cannot be imported all the same, the reports are written without figures and one line on
+stderr says so (:data:`NO_PLOTS`): a gate never loses its verdict to a plotting library.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from .report import FAILING
+from .report import FAILING, TV_COLUMNS, beside_line, blind_line, tv_cells
 
 if TYPE_CHECKING:
     from .results import CaseResult, RunResult
 
 REPORT_NAMES = ("report.json", "report.md", "report.html")
+#: Said (stderr, and in the HTML) where matplotlib cannot be imported and a failing case's figures are left out.
+NO_PLOTS = "the HTML report's plots need matplotlib (pip install matplotlib); the reports were written without them"
 #: The gate's journal of finished cases (:mod:`lossless_check.journal`), beside its reports.
 JOURNAL_NAME = "journal.jsonl"
 _MARK = {"lossless": "✅", "not_lossless": "❌", "error": "⚠️", "vacuous": "⭕", "skipped": "⏭️", "unfinished": "⏸️"}
@@ -37,7 +41,8 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
          samples: int = 5_000, alpha: float = 1e-6, seed: int = 0, scenario: str | None = None, workers: int = 1,
          progress: Callable[[int], None] | None = None, sequential: bool = True, batch_size: int | None = None,
          return_result: bool = False, generate_samples: int = 400, repro_dir: str | Path | None = None,
-         resume: bool = False, backend: str = "local", address: str | None = None, verifier: bool = True):
+         resume: bool = False, backend: str = "local", address: str | None = None, verifier: bool = True,
+         verifier_gates: bool = False):
     """Run ``generator_spec`` over a warper matrix, write the three reports into ``out_dir``, return the exit code.
 
     ``scenario=None``: the default scenario, plus the matrix's real-world cases in the first mode
@@ -53,7 +58,8 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
     reproduction script there for every failing case that has one (:func:`lossless_check.repro.write_repros`).
     Finished cases are journaled in ``out_dir`` (:data:`JOURNAL_NAME`); ``resume`` runs only the others.
     An interrupted gate writes its reports with what finished and raises :class:`~lossless_check.api.RunInterrupted`.
-    ``verifier`` (default): the last row is the exact check of the installed ``_speculative_sampling``.
+    ``verifier`` (default): the last row is the exact check of the installed ``_speculative_sampling``,
+    reported beside the generator's cases; it decides the exit code too only with ``verifier_gates``.
     """
     from .adapters import resolve_generator
     from .api import DEFAULT_SCENARIO, RunInterrupted, real_world_cases, resolve_scenario, run_cases
@@ -77,7 +83,7 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
     try:
         result = run_cases(cases, samples, alpha, seed, workers, progress, sequential=sequential,
                            batch_size=batch_size, samples_by_mode=by_mode, journal=journal, backend=backend,
-                           address=address, verifier=verifier)
+                           address=address, verifier=verifier, verifier_gates=verifier_gates)
     except RunInterrupted as stopped:
         write_reports(stopped.partial, out_dir, title=generator_spec)
         raise
@@ -93,16 +99,29 @@ def write_reports(result: RunResult, out_dir: str | Path, title: str) -> list[Pa
     """Write ``report.json``, ``report.md`` and ``report.html`` into ``out_dir``; return their paths."""
     from .report import to_json
 
+    import sys
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     doc = to_json(result)
-    texts = (json.dumps(doc, indent=2) + "\n", to_markdown(result, doc, title), to_html(result, doc, title))
+    plots = _can_plot()
+    texts = (json.dumps(doc, indent=2) + "\n", to_markdown(result, doc, title), to_html(result, doc, title, plots))
     paths = [out / name for name in REPORT_NAMES]
     from .journal import write_atomically
 
     for path, text in zip(paths, texts):
         write_atomically(path, text)
+    if not plots and any(c.verdict in FAILING for c in result.subjects):
+        print(f"lossless-check: {NO_PLOTS}", file=sys.stderr)
     return paths
+
+
+def _can_plot() -> bool:
+    try:
+        import matplotlib.figure  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _fmt(value, spec: str) -> str:
@@ -110,13 +129,21 @@ def _fmt(value, spec: str) -> str:
 
 
 def _headline(result: RunResult) -> str:
-    failing = sum(c.verdict in FAILING for c in result.cases)
-    vacuous = sum(c.verdict == "vacuous" for c in result.cases)
+    """The verdict on the subjects (rows reported beside them follow in their own line: :func:`beside_line`)."""
+    subjects = result.subjects
+    failing = sum(c.verdict in FAILING for c in subjects)
+    vacuous = sum(c.verdict == "vacuous" for c in subjects)
     # Vacuous cases fail nothing but tested nothing about q: said beside the verdict, never counted as passes.
     untested = f" ({vacuous} vacuous: they could not reveal a bug in q)" if vacuous else ""
     if failing:
-        return f"not lossless: {failing} of {len(result.cases)} cases fail{untested}"
-    return f"lossless: all {sum(c.verdict == 'lossless' for c in result.cases)} checked cases pass{untested}"
+        return f"not lossless: {failing} of {len(subjects)} cases fail{untested}"
+    return f"lossless: all {sum(c.verdict == 'lossless' for c in subjects)} checked cases pass{untested}"
+
+
+def _notes(result: RunResult) -> list[str]:
+    """Lines under the headline: a blind exact pass (:func:`blind_line`), and the rows reported beside
+    the subjects (:func:`beside_line`)."""
+    return [line for line in [blind_line(result)] + [beside_line(c) for c in result.beside] if line]
 
 
 def _context(result: RunResult, doc: dict) -> str:
@@ -124,7 +151,7 @@ def _context(result: RunResult, doc: dict) -> str:
             f"{result.alpha_family:g} · seed {result.seed} · {result.samples} samples per case")
 
 
-_COLUMNS = ("generator", "warpers", "mode", "verdict", "n", "TV", "detectable TV", "p (Holm)", "accept", "theory")
+_COLUMNS = ("generator", "warpers", "mode", "verdict", "n", *TV_COLUMNS, "p (Holm)", "accept", "theory")
 
 
 def _in(c: CaseResult, main_scenario: str) -> str:
@@ -137,8 +164,8 @@ def _main_scenario(result: RunResult) -> str:
 
 
 def _row(c: CaseResult, main_scenario: str) -> list[str]:
-    return [c.generator, c.warpers, _in(c, main_scenario), c.verdict, str(c.samples or "-"), _fmt(c.tv, ".4f"),
-            _fmt(c.tv_detectable, ".4f"), _fmt(c.p_value_adjusted, ".2g"), _fmt(c.acceptance_rate, ".3f"),
+    return [c.generator, c.warpers, _in(c, main_scenario), c.verdict, str(c.samples or "-"), *tv_cells(c),
+            _fmt(c.p_value_adjusted, ".2g"), _fmt(c.acceptance_rate, ".3f"),
             _fmt(c.expected_acceptance_rate, ".3f")]
 
 
@@ -147,10 +174,12 @@ def to_markdown(result: RunResult, doc: dict, title: str) -> str:
     def cell(text: str) -> str:
         return text.replace("|", "\\|")
 
-    mark = "❌" if any(c.verdict in FAILING for c in result.cases) else "✅"
+    mark = "❌" if result.exit_code else "✅"
     main = _main_scenario(result)
     lines = [f"### {mark} lossless-check gate: `{title}` — {_headline(result)}", "", _context(result, doc), ""]
-    for c in result.cases:
+    notes = _notes(result)
+    lines += [f"- {cell(note)}" for note in notes] + ([""] if notes else [])
+    for c in result.subjects:
         if c.verdict in FAILING:
             where = [check.split("@")[1] for check in c.failed_checks if check.startswith("output_law@")]
             facts = [f"failing position{'s' if len(where) > 1 else ''} {', '.join(where)}" if where else "",
@@ -160,7 +189,7 @@ def to_markdown(result: RunResult, doc: dict, title: str) -> str:
                          + (f" ({cell(facts)})" if facts else ""))
     lines += ["", "<details><summary>All cases</summary>", "",
               "| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
-    for c in result.cases:
+    for c in result.subjects:
         values = _row(c, main)
         values[3] = f"{_MARK.get(c.verdict, '')} {c.verdict}"
         lines.append("| " + " | ".join(cell(v) for v in values) + " |")
@@ -212,7 +241,7 @@ def _provenance_table(provenance: dict) -> str:
             f"{rows}</table>")
 
 
-def _failing_section(index: int, c: CaseResult, main_scenario: str) -> str:
+def _failing_section(index: int, c: CaseResult, main_scenario: str, plots: bool = True) -> str:
     e = html.escape
     name = f"{c.generator} [{c.warpers}] ({_in(c, main_scenario)})"
     parts = [f'<section id="case-{index}"><h3>{e(name)}: {e(c.verdict)}</h3>',
@@ -222,14 +251,16 @@ def _failing_section(index: int, c: CaseResult, main_scenario: str) -> str:
     if c.diagnostics:
         parts.append(f"<p>diagnostics (assume the drafter samples the processed drafter table): "
                      f"<code>{e(', '.join(c.diagnostics))}</code></p>")
-    if c.expected_law is not None and c.empirical_law is not None:
+    if not plots:
+        parts.append(f"<p>{e(NO_PLOTS)}</p>")
+    if plots and c.expected_law is not None and c.empirical_law is not None:
         j = c.law_position or 1  # the first failing position (position 1 when none failed on its own)
         at = next((p for p in c.positions if p["position"] == j), {})
         png = _bars(f"output law at position {j} (TV {_fmt(at.get('tv', c.tv), '.4f')}, "
                     f"n={at.get('samples', c.samples)})", "token", c.expected_law, c.empirical_law)
         parts.append(_figure(png, f"position-{j} distribution of {name}",
                              f"Output law at position {j}: expected (target after warpers) vs empirical."))
-    if c.acceptance_law is not None and c.expected_acceptance_law is not None:
+    if plots and c.acceptance_law is not None and c.expected_acceptance_law is not None:
         png = _bars(f"acceptance law (rate {_fmt(c.acceptance_rate, '.3f')} vs theory "
                     f"{_fmt(c.expected_acceptance_rate, '.3f')})", "accepted drafts (n_matches)",
                     c.expected_acceptance_law, c.acceptance_law)
@@ -243,9 +274,10 @@ def _failing_section(index: int, c: CaseResult, main_scenario: str) -> str:
 def _grid(result: RunResult, anchors: dict[int, int]) -> str:
     e = html.escape
     main = _main_scenario(result)
-    rows = list(dict.fromkeys(f"{c.generator} ({_in(c, main)})" for c in result.cases))
-    stacks = list(dict.fromkeys(c.warpers for c in result.cases))
-    cells = {(f"{c.generator} ({_in(c, main)})", c.warpers): (i, c) for i, c in enumerate(result.cases)}
+    subjects = [(i, c) for i, c in enumerate(result.cases) if c.subject]
+    rows = list(dict.fromkeys(f"{c.generator} ({_in(c, main)})" for _, c in subjects))
+    stacks = list(dict.fromkeys(c.warpers for _, c in subjects))
+    cells = {(f"{c.generator} ({_in(c, main)})", c.warpers): (i, c) for i, c in subjects}
     out = ['<table class="grid"><tr><th>generator (mode) \\ warpers</th>']
     out += [f"<th><code>{e(s)}</code></th>" for s in stacks] + ["</tr>"]
     for row in rows:
@@ -276,19 +308,20 @@ section { border-top: 1px solid #e0e0e0; padding-top: 0.5em; }
 """ + "".join(f".v-{verdict} {{ background: {colour}; }}\n" for verdict, colour in _COLOUR.items())
 
 
-def to_html(result: RunResult, doc: dict, title: str) -> str:
-    """A self-contained HTML report: summary grid, a section with figures per failing case, the full table."""
+def to_html(result: RunResult, doc: dict, title: str, plots: bool = True) -> str:
+    """A self-contained HTML report: summary grid, a section with figures per failing case (``plots``:
+    drawn with matplotlib; else said), the full table."""
     e = html.escape
-    failing = [(i, c) for i, c in enumerate(result.cases) if c.verdict in FAILING]
+    failing = [(i, c) for i, c in enumerate(result.cases) if c.subject and c.verdict in FAILING]
     anchors = {i: n for n, (i, _) in enumerate(failing)}
     body = [f"<h1>lossless-check gate: <code>{e(title)}</code></h1>",
             f"<p><b>{e(_headline(result))}</b></p><p>{e(_context(result, doc))}</p>",
-            "<h2>Summary</h2>", _grid(result, anchors)]
+            *(f"<p>{e(note)}</p>" for note in _notes(result)), "<h2>Summary</h2>", _grid(result, anchors)]
     if failing:
         body.append("<h2>Failing cases</h2>")
-        body += [_failing_section(anchors[i], c, _main_scenario(result)) for i, c in failing]
+        body += [_failing_section(anchors[i], c, _main_scenario(result), plots) for i, c in failing]
     body.append('<h2>All cases</h2><table class="cases"><tr>' + "".join(f"<th>{c}</th>" for c in _COLUMNS) + "</tr>")
-    for c in result.cases:
+    for c in result.subjects:
         body.append(f'<tr class="v-{e(c.verdict)}">' + "".join(f"<td>{e(v)}</td>" for v in _row(c, _main_scenario(result))) + "</tr>")
     body.append("</table>")
     return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>lossless-check gate: {e(title)}'

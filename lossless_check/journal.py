@@ -62,6 +62,7 @@ class Journal:
                     continue
                 self.done[entry["index"]] = result_from_dict(entry["result"])
         else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.write_text(json.dumps(identity) + "\n")
 
     def record(self, index: int, result: CaseResult) -> None:
@@ -83,19 +84,22 @@ def result_from_dict(fields: dict) -> CaseResult:
 
 
 def write_atomically(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that a reader sees the old file or the new one, never half of one."""
+    """Write ``text`` to ``path`` so that a reader sees the old file or the new one, never half of one.
+    Missing parent directories are made (as pytest's ``--junitxml`` does)."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.partial")
     partial.write_text(text, encoding="utf-8")
     os.replace(partial, path)
 
 
 def check_writable_file(path: str, option: str) -> None:
-    """Raise :class:`UsageError` unless a file can be written at ``path`` (before any work)."""
+    """Raise :class:`UsageError` unless a file can be written at ``path``, its missing parent
+    directories made (before any work: only an unwritable path is refused)."""
     target = Path(path)
     if target.is_dir():
         raise UsageError(f"{option} {path}: is a directory")
-    _check_writable_dir(target.parent if str(target.parent) else Path("."), f"{option} {path}")
+    _check_creatable(target.parent, f"{option} {path}")
 
 
 def check_writable_dir(path: str, option: str) -> None:
@@ -103,10 +107,16 @@ def check_writable_dir(path: str, option: str) -> None:
     target = Path(path)
     if target.exists() and not target.is_dir():
         raise UsageError(f"{option} {path}: exists and is not a directory")
-    existing = target
+    _check_creatable(target, f"{option} {path}")
+
+
+def _check_creatable(directory: Path, what: str) -> None:
+    """``directory`` exists and is writable, or its nearest existing ancestor is a writable directory
+    (where the missing ones will be made)."""
+    existing = directory if str(directory) else Path(".")
     while not existing.exists():
         existing = existing.parent
-    _check_writable_dir(existing, f"{option} {path}")
+    _check_writable_dir(existing, what)
 
 
 def _check_writable_dir(directory: Path, what: str) -> None:

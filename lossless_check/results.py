@@ -18,6 +18,10 @@ from .warpers import format_warpers
 POWER = 0.99
 #: Checks that fail on a single impossible event, whatever the sample size.
 EXACT_CHECKS = ("support", "impossible_draft", "stopping", "provenance")
+#: Said of a case (or fuzz stack) whose exact provenance pass was blind, passing or not: provenance
+#: could not trace its drafts to the draws that made them (an interception gap).
+BLIND = ("exact pass blind: provenance could not see how the drafts were sampled (interception gap), so only the "
+         "statistical tests checked q")
 #: Verdicts, in the order reports list them. ``vacuous``: the case could not reveal a bug in ``q``
 #: (:mod:`~lossless_check.informativeness`); only its exact checks ran, and they passed. ``unfinished``:
 #: only in the report of an interrupted run.
@@ -107,6 +111,14 @@ class CaseResult:
     # "verifier" | "generator", "position", "trials", ...}``; verifier-caused trials are set aside.
     exact_failures: list[dict] = field(default_factory=list)
     verifier_set_aside: int = 0
+    # Whether the run asked about this row: False for the installed verifier's row in a run whose
+    # subjects are named generators (reported beside them; it never sets the exit code).
+    subject: bool = True
+
+    @property
+    def exact_pass_blind(self) -> bool:
+        """Whether this case's exact provenance pass ran and could not see the sampler (a ``gap``)."""
+        return bool(self.provenance) and self.provenance.get("verdict") == "gap"
 
     @property
     def vacuous(self) -> bool:
@@ -230,19 +242,30 @@ class RunResult:
     interrupted: bool = False  # SIGINT/SIGTERM: the decision covers the finished cases only
 
     @property
+    def subjects(self) -> list[CaseResult]:
+        """The rows the run was asked about (``subject`` true): they decide the exit code."""
+        return [c for c in self.cases if c.subject]
+
+    @property
+    def beside(self) -> list[CaseResult]:
+        """Rows reported beside the subjects and never deciding the exit code: the installed verifier's
+        row in a run whose subjects are named generators."""
+        return [c for c in self.cases if not c.subject]
+
+    @property
     def exit_code(self) -> int:
-        """0 every case lossless (or skipped, or vacuous: counted and shown, no failure); 1 a case not
-        lossless or a generator error.
+        """0 every subject lossless (or skipped, or vacuous: counted and shown, no failure); 1 a subject
+        not lossless or a generator error. Rows reported beside the subjects do not count.
 
         A generator that raises or returns malformed output is a finding about the generator, so it
         exits 1 like a not-lossless case; 3 is reserved for the harness's own bugs (raised, never a
         verdict).
         """
-        return 1 if any(c.verdict in ("not_lossless", "error") for c in self.cases) else 0
+        return 1 if any(c.verdict in ("not_lossless", "error") for c in self.subjects) else 0
 
     def counts(self) -> dict[str, int]:
-        """Cases per verdict."""
-        return {v: sum(c.verdict == v for c in self.cases) for v in VERDICTS}
+        """Subjects per verdict."""
+        return {v: sum(c.verdict == v for c in self.subjects) for v in VERDICTS}
 
 
 def decide(results: list[CaseResult], alpha_family: float) -> None:

@@ -434,7 +434,9 @@ def history_command(args) -> int:
         results = sweep(releases, args.modes, run_args, work, envs, args.timeout, say, args.backend,
                         args.address, args.workers, reuse)
         command = "lossless-check " + " ".join(sys.argv[1:])
-        Path(args.out).write_text(compat_table(results, args.modes, command, run_args))
+        from .journal import write_atomically
+
+        write_atomically(args.out, compat_table(results, args.modes, command, run_args))
         failed = [f"{r} {m}: {res[m]['failed']}" for r, res in results.items() for m in args.modes if "failed" in res[m]]
         for line in failed:
             say(f"FAILED {line}")

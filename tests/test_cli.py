@@ -51,6 +51,44 @@ def test_mutant_exits_1_and_lossless_exits_0_with_schema(tmp_path, capsys):
     assert "not_lossless" in table and "DFlashReturnsRawLogits" in table
 
 
+@needs(DFLASH)
+def test_named_generators_decide_the_exit_code_and_the_verifier_is_reported_beside(tmp_path, capsys):
+    """The issue's command: the subjects are the two named generators, so the exit code is theirs (0 on
+    5.24.0, where both are lossless and the verifier is not); the verifier's state is one printed line
+    with its upstream status, and its JSON row says it is not a subject."""
+    from fixtures.releases import VERIFIER_ACCEPTS_AT_R_0
+
+    out = tmp_path / "out.json"
+    code = main(["run", "--generator", "AssistedCandidateGenerator", "--generator", "DFlashTokenCandidateGenerator",
+                 "--warpers", "top_k=3", "--json", str(out), "--quiet"])
+    cases = json.loads(out.read_text())["cases"]
+    subjects = [c for c in cases if c["subject"]]
+    [verifier] = [c for c in cases if not c["subject"]]
+    assert [c["generator"] for c in subjects] == ["AssistedCandidateGenerator", "DFlashTokenCandidateGenerator"]
+    assert code == (0 if all(c["verdict"] == "lossless" for c in subjects) else 1)
+    printed = capsys.readouterr().out
+    assert f"installed verifier _speculative_sampling: {verifier['verdict']} " in printed
+    if within(VERIFIER_ACCEPTS_AT_R_0):
+        assert verifier["verdict"] == "not_lossless" and "fixed upstream in 5.25.0" in printed
+    if code == 0:
+        assert printed.splitlines()[-1] == f"{len(subjects)} lossless"  # the subjects' counts
+
+
+@needs(DFLASH)
+def test_every_written_path_gets_its_missing_parent_directories(tmp_path):
+    """As pytest's --junitxml does: --json and the journal beside it, repro --out, and verifier --json."""
+    report = tmp_path / "a" / "b" / "run.json"
+    code = main(["run", "--generator", MUTANT, "--warpers", "top_k=3", "--scenario", "iid8",
+                 "--json", str(report), "--quiet", "--no-verifier"])
+    assert code == 1 and report.exists() and (report.parent / "run.json.journal.jsonl").exists()
+    script = tmp_path / "c" / "d" / "repro.py"
+    assert main(["repro", "--generator", DFLASH, "--warpers", "top_k=3", "--out", str(script)]) == 0
+    assert script.exists()
+    verifier = tmp_path / "e" / "f" / "verifier.json"
+    main(["verifier", "--json", str(verifier)])
+    assert json.loads(verifier.read_text())["checks"]
+
+
 def test_list_shows_installed_generators(capsys):
     """Every generator class of the installed release, and the pair coverage of its catalog: all
     pairs, or the rest with the pairs plain sampling itself cannot run named."""

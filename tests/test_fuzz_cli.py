@@ -96,3 +96,33 @@ def test_fuzz_usage_errors_are_one_line(capsys):
     assert main(["fuzz", "--generator", "Nope"]) == 2
     assert main(["fuzz", "--generator", "DFlashTokenCandidateGenerator", "--examples", "0"]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 2
+
+
+@pytest.mark.slow
+def test_a_generator_that_raises_is_an_error_not_a_losslessness_verdict_and_fuzz_leaves_no_hypothesis_dir(tmp_path):
+    """Exit 1 (an error verdict, DESIGN.md), worded as an error; no ETA line; hypothesis's caches under
+    the example database, never ./.hypothesis; the installed verifier's state on a line of its own."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "lossless_check.cli", "fuzz", "--generator",
+                           "fixtures.raising:DFlashRaises", "--examples", "3", "--json", "out/fuzz.json"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stderr
+    first = done.stdout.splitlines()[0]
+    assert first.startswith("fixtures.raising:DFlashRaises: ERROR under warpers [") and "this drafter is broken" in first
+    assert "NOT lossless" not in done.stdout and "ETA" not in done.stderr
+    assert json.loads((tmp_path / "out" / "fuzz.json").read_text())["verdict"] == "error"
+    assert done.stdout.splitlines()[-1].startswith("installed verifier _speculative_sampling: ")
+    assert not (tmp_path / ".hypothesis").exists() and (tmp_path / fuzzing.DEFAULT_DATABASE).is_dir()
+
+
+def test_failure_floats_are_formatted():
+    record = {"verdict": "not_lossless", "alpha": 6.079271018540267e-07, "p_value": 1.395231097369173e-07,
+              "tv_detectable": 0.09383127345, "reason": "output law at position 1"}
+    verdict, why = fuzzing._statistical_failure(record)
+    assert verdict == "not_lossless" and "p=1.4e-07" in why and "detectable TV 0.0938" in why and "1.395231" not in why

@@ -70,8 +70,29 @@ def test_gate_runs_a_matrix_and_writes_reports(tmp_path):
     step = [c for c in doc["cases"] if c["mode"] == "step"]
     assert len(step) == 3 and all(c["provenance"] for c in step)
     assert [c["mode"] for c in doc["cases"]].count("generate") == 3
-    assert code == (1 if any(c["verdict"] != "lossless" for c in doc["cases"]) else 0)
+    # The exit code is the generator's: the verifier's row is reported beside its cases.
+    assert [c["subject"] for c in doc["cases"]] == [True] * 6 + [False]
+    assert code == (1 if any(c["verdict"] != "lossless" for c in doc["cases"] if c["subject"]) else 0)
     assert (tmp_path / "report.html").read_text().startswith("<!doctype html>")
+
+
+def test_the_verifier_beside_a_gate_is_reported_and_does_not_fail_it():
+    from lossless_check.verifier_report import VERIFIER_MODE, VERIFIER_NAME
+
+    result = _result()
+    verifier = CaseResult(VERIFIER_NAME, "-", VERIFIER_MODE, "markov8", verdict="not_lossless", subject=False,
+                          reason="utils.py:4479 `is_accepted = r_i <= probability_ratio`: ...; fixed upstream in 5.25.0")
+    result.cases = [result.cases[0], verifier]
+    doc = {"transformers_version": "5", "torch_version": "2"}
+    assert result.exit_code == 0 and result.counts()["not_lossless"] == 0
+    markdown = to_markdown(result, doc, "g")
+    assert "✅ lossless-check gate: `g` — lossless: all 1 checked cases pass" in markdown
+    assert "- installed verifier _speculative_sampling: not_lossless (not a subject here" in markdown
+    assert "fixed upstream in 5.25.0" in markdown and "| _speculative_sampling |" not in markdown
+    page = to_html(result, doc, "g")
+    assert "installed verifier _speculative_sampling: not_lossless" in page and "Failing cases" not in page
+    verifier.subject = True  # --verifier-gates
+    assert result.exit_code == 1 and "not lossless: 1 of 2 cases fail" in to_markdown(result, doc, "g")
 
 
 def test_markdown_names_the_failing_position_and_provenance_and_the_html_plots_that_position():
@@ -112,3 +133,31 @@ def test_vacuous_cases_are_coloured_counted_and_never_passes():
     assert "| Gen | top_k=1 | all | ⭕ vacuous |" in markdown
     page = to_html(result, doc, "g")
     assert page.count('class="v-vacuous"') == 2 and ".v-vacuous {" in page and result.exit_code == 0
+
+
+@needs(DFLASH)
+def test_without_matplotlib_the_gate_writes_its_reports_and_says_plots_need_it(tmp_path):
+    """matplotlib is a dependency; where it cannot be imported all the same, a failing gate still exits 1
+    with its three reports, and one line says the plots were left out (never exit 3, never no report)."""
+    import html
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from lossless_check.gate import NO_PLOTS
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "gate"
+    script = ("import sys; sys.modules['matplotlib'] = None  # import matplotlib raises ImportError\n"
+              "from lossless_check.cli import main\n"
+              f"sys.exit(main(['gate', '--generator', 'fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits', "
+              f"'--matrix', 'smoke', '--scenario', 'iid8', '--samples', '2000', '--generate-samples', '100', "
+              f"'--out', {str(out)!r}, '--quiet']))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.count(NO_PLOTS) == 1 and "Traceback" not in done.stderr
+    assert all((out / name).exists() for name in ("report.json", "report.md", "report.html"))
+    page = (out / "report.html").read_text()
+    assert "data:image/png" not in page and html.escape(NO_PLOTS) in page and "Failing cases" in page

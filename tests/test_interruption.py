@@ -48,7 +48,12 @@ def without_timings(report: dict) -> dict:
 
 def test_an_unwritable_report_path_fails_at_once(tmp_path):
     (tmp_path / "a-file").write_text("")
-    for args in (["run", "--json", "/nonexistent/dir/x.json"], ["run", "--json", str(tmp_path)],
+    # A missing parent directory is made, not refused (tests/test_cli.py); an unwritable one is refused.
+    for args in (["run", "--json", "/proc/lossless/dir/x.json"], ["run", "--json", str(tmp_path)],
+                 ["run", "--json", str(tmp_path / "a-file" / "deeper" / "x.json")],
+                 ["verifier", "--json", "/proc/lossless/v.json"],
+                 ["fuzz", "--generator", "AssistedCandidateGenerator", "--database", "/proc/lossless-fuzz"],
+                 ["fuzz", "--generator", "AssistedCandidateGenerator", "--json", "/proc/lossless/f.json"],
                  ["gate", "--generator", "AssistedCandidateGenerator", "--out", "/proc/lossless-gate"],
                  ["gate", "--generator", "AssistedCandidateGenerator", "--out", str(tmp_path / "a-file" / "gate")],
                  ["run", "--repro", "/proc/repros"], ["run", "--resume", "--warpers", "top_k=3"]):

@@ -101,3 +101,56 @@ def test_a_case_rejected_by_holm_alone_says_so_truly():
     decide([case], 1e-6)
     assert case.verdict == "not_lossless" and "Holm-adjusted" in case.reason
     assert not false_claims(case.reason), case.reason
+
+
+def test_the_tv_column_is_the_largest_per_position_tv_beside_the_detectable_tv_there(capsys):
+    """The issue's table showed position 1's TV 0.0390 beside a detectable TV 0.3358 while the failure
+    was at positions 2-3: the cells are now the largest TV, its position, and the power there."""
+    from lossless_check.report import print_table, tv_cells
+    from lossless_check.results import RunResult
+
+    case = CaseResult("G", "top_k=3", "step", "markov8", verdict="not_lossless", samples=500, tv=0.0390,
+                      tv_detectable=0.0938, positions=[{"position": 1, "tv": 0.0390, "tv_detectable": 0.0938},
+                                                       {"position": 2, "tv": 0.2100, "tv_detectable": 0.3358},
+                                                       {"position": 3, "tv": 0.1500, "tv_detectable": 0.4100}])
+    assert tv_cells(case) == ("0.2100 @2", "0.3358")
+    print_table(RunResult([case], 1e-6, 0, 500))
+    [row] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("│ G ")]
+    assert "0.2100 @2" in row and "0.3358" in row and "0.0390" not in row and "0.0938" not in row
+    # Without per-position tests (the verifier's row), the headline figures.
+    assert tv_cells(CaseResult("V", "-", "verifier", "markov8", tv=None)) == ("-", "-")
+
+
+@needs(DFLASH)
+def test_an_expected_batch_1_fallback_and_a_blind_exact_pass_read_as_facts_on_a_passing_case(capsys):
+    """An honest Gumbel-max drafter (fixtures/samplers.py): its draws cannot be forced, so it runs at
+    batch 1, said as the expected fact it is (not as a row that "differs"); its exact provenance pass
+    cannot see the sampler (a gap), said in the table's note, the summary and the gate's headline."""
+    from lossless_check.gate import to_markdown
+    from lossless_check.modes.replay import UNFORCEABLE
+    from lossless_check.report import print_table, to_json
+    from lossless_check.results import BLIND
+
+    from lossless_check.api import cases_for, run_cases
+
+    # Mode "all": step with the exact provenance pass beside it (its generate-mode case left out here).
+    run = run_cases(cases_for("fixtures.samplers:GumbelDFlash", "top_k=3", None, "all", "iid8")[:1], 1000, 1e-6, 0)
+    [case] = run.cases
+    assert case.verdict == "lossless" and case.batch["batch_size"] == 1, case.reason
+    assert case.batch["note"] == f"batch 1: {UNFORCEABLE}" and "differs" not in case.batch["note"]
+    assert case.exact_pass_blind
+    print_table(run)
+    out = capsys.readouterr().out
+    assert out.count(BLIND) == 2 and f"1 of 1 cases with an exact pass: {BLIND}" in out  # the note, the summary
+    markdown = to_markdown(run, to_json(run), "GumbelDFlash")
+    assert "✅" in markdown and f"- 1 of 1 cases with an exact pass: {BLIND}" in markdown
+
+
+def test_fuzz_says_its_exact_pass_was_blind():
+    from lossless_check.fuzzing import FuzzResult
+    from lossless_check.results import BLIND
+
+    records = [{"stack": f"top_k={k}", "vacuous": False, "exact": "gap", "verdict": "lossless", "alpha": 1e-7,
+                "tv_detectable": 0.09} for k in (2, 3)]
+    result = FuzzResult("G", "markov8", "lossless", 1e-6, 5000, 0, 2, records=records)
+    assert f"on 2 of the 2 stacks with an exact pass, {BLIND}" in result.summary()

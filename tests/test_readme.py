@@ -19,7 +19,7 @@ def python_example() -> str:
 @needs(DFLASH)
 def test_the_python_api_example_runs_and_catches_the_mutant():
     out = io.StringIO()
-    namespace: dict = {}
+    namespace: dict = {"__name__": "__main__"}  # run as a script is: the example's calls sit under the guard
     with contextlib.redirect_stdout(out):
         exec(compile(python_example(), str(README), "exec"), namespace)
     printed = out.getvalue()

@@ -107,31 +107,62 @@ def test_strict_patched_release_passes_every_check(tmp_path):
     assert all(c["passed"] for c in doc["checks"])
 
 
-def test_a_run_adds_the_verifier_as_an_exact_row(tmp_path, capsys):
-    """Once per run, outside Holm (no p-value, no share of alpha); where the verifier accepts at r = 0
-    it is what makes the run exit 1. The generator is the built-in Assisted through a factory of
-    this project, present on every release (not lossless where it drafts greedily)."""
+def test_a_run_adds_the_verifier_as_an_exact_row_beside_named_generators(tmp_path, capsys):
+    """Once per run, outside Holm (no p-value, no share of alpha). With named generators it is reported
+    beside them (``"subject": false``, one line with its upstream status) and the exit code is theirs;
+    ``--verifier-gates`` makes it a subject, and then where the verifier accepts at r = 0 it makes the
+    run exit 1. The generator is the built-in Assisted through a factory of this project, present on
+    every release (not lossless where it drafts greedily)."""
     out = tmp_path / "run.json"
-    code = main(["run", "--generator", "fixtures.factories:assisted", "--warpers", "top_k=3", "--scenario", "iid8",
-                 "--samples", "300", "--json", str(out), "--quiet"])
+    args = ["run", "--generator", "fixtures.factories:assisted", "--warpers", "top_k=3", "--scenario", "iid8",
+            "--samples", "300", "--json", str(out), "--quiet"]
+    code = main(args)
     greedy = within(ASSISTED_DRAFTS_GREEDILY)
-    assert code == (1 if ACCEPTS_AT_R_0 or greedy else 0)
+    assert code == (1 if greedy else 0)
     case, verifier = json.loads(out.read_text())["cases"]
-    assert (verifier["generator"], verifier["mode"], verifier["verdict"]) == (
-        "_speculative_sampling", "verifier", "not_lossless" if ACCEPTS_AT_R_0 else "lossless")
+    assert (verifier["generator"], verifier["mode"], verifier["verdict"], verifier["subject"]) == (
+        "_speculative_sampling", "verifier", "not_lossless" if ACCEPTS_AT_R_0 else "lossless", False)
     assert verifier["p_value"] is None and verifier["alpha_case"] is None
     if ACCEPTS_AT_R_0:
         assert f"utils.py:{verifier_rule_line()} `is_accepted = r_i <= probability_ratio`" in verifier["reason"]
-        assert "5.96e-08" in verifier["reason"]
+        assert "5.96e-08" in verifier["reason"] and "fixed upstream in 5.25.0" in verifier["reason"]
     assert case["verdict"] == ("not_lossless" if greedy else "lossless") and case["alpha_case"] == 1e-6
+    assert case["subject"] is True
     printed = capsys.readouterr().out
-    assert "_speculative_sampling" in printed and "verifier" in printed
+    [line] = [row for row in printed.splitlines() if "_speculative_sampling" in row]  # one line, not a table row
+    assert line.startswith("installed verifier _speculative_sampling: ") and "not deciding the exit code" in line
+    assert main(args + ["--verifier-gates"]) == (1 if ACCEPTS_AT_R_0 or greedy else 0)
+    assert json.loads(out.read_text())["cases"][1]["subject"] is True
+
+
+def test_a_run_over_the_whole_install_has_the_verifier_as_a_subject(tmp_path, monkeypatch):
+    """No --generator: the run is about the install, so the verifier's defect fails it. The built-ins
+    are narrowed to Assisted here (the decision rests on --generator being absent, not on the list)."""
+    import lossless_check.matrix
+
+    monkeypatch.setattr(lossless_check.matrix, "DEFAULT_GENERATORS", ("AssistedCandidateGenerator",))
+    out = tmp_path / "run.json"
+    code = main(["run", "--warpers", "top_k=3", "--scenario", "iid8", "--samples", "300", "--json", str(out),
+                 "--quiet"])
+    case, verifier = json.loads(out.read_text())["cases"]
+    assert case["generator"] == "AssistedCandidateGenerator" and verifier["subject"] is True
+    greedy = within(ASSISTED_DRAFTS_GREEDILY)
+    assert code == (1 if ACCEPTS_AT_R_0 or greedy else 0)
+
+
+def test_verifier_gates_and_no_verifier_contradict(capsys):
+    assert main(["run", "--generator", "AssistedCandidateGenerator", "--verifier-gates", "--no-verifier"]) == 2
+    assert "contradict" in capsys.readouterr().err
 
 
 def test_lc_run_has_the_row_and_can_leave_it_out_and_check_never_runs_it():
     import lossless_check as lc
 
     kwargs = dict(warpers="top_k=3", scenario="iid8", samples=100)
-    assert [c.mode for c in lc.run("fixtures.factories:assisted", **kwargs).cases] == ["step", "verifier"]
+    run = lc.run("fixtures.factories:assisted", **kwargs)
+    assert [c.mode for c in run.cases] == ["step", "verifier"] and [c.subject for c in run.cases] == [True, False]
+    assert run.exit_code == (1 if within(ASSISTED_DRAFTS_GREEDILY) else 0)  # the generator's, not the verifier's
+    gated = lc.run("fixtures.factories:assisted", verifier_gates=True, **kwargs)
+    assert gated.cases[1].subject and gated.exit_code == (1 if ACCEPTS_AT_R_0 else run.exit_code)
     assert [c.mode for c in lc.run("fixtures.factories:assisted", verifier=False, **kwargs).cases] == ["step"]
     assert lc.check("fixtures.factories:assisted", **kwargs).mode == "step"
