@@ -107,6 +107,8 @@ class CaseResult:
     # "verifier" | "generator", "position", "trials", ...}``; verifier-caused trials are set aside.
     exact_failures: list[dict] = field(default_factory=list)
     verifier_set_aside: int = 0
+    # Greedy mode: what was compared with plain greedy decoding, what the loop did, the first difference.
+    greedy_equivalence: dict | None = None
 
     @property
     def vacuous(self) -> bool:
@@ -130,7 +132,7 @@ class CaseResult:
 
     def explain(self) -> str:
         """One-line reason for the verdict."""
-        if self.verdict in ("error", "skipped") or self.mode == "verifier":
+        if self.verdict in ("error", "skipped") or self.mode in ("verifier", "greedy"):
             return self.reason
         parts = []
         evidence = self._evidence()
