@@ -57,8 +57,9 @@ PROMPTS = 4
 LENGTHS = (2, 5, 8, 11)
 
 
-def greedy_stacks(base: dict[str, Any]) -> list[dict[str, Any]]:
-    """``base``, then ``base`` plus each greedy processor of the catalog alone, then plus every pair of them.
+def greedy_stacks(base: dict[str, Any], pairs: bool = True) -> list[dict[str, Any]]:
+    """``base``, then ``base`` plus each greedy processor of the catalog alone, then (``pairs``) plus every
+    pair of them.
 
     The catalog values (:data:`~lossless_check.warpers.CATALOG`): min length and the exponential decay
     come with their EOS token (:data:`~lossless_check.warpers.EOS`), so those stacks stop at EOS too.
@@ -66,7 +67,7 @@ def greedy_stacks(base: dict[str, Any]) -> list[dict[str, Any]]:
     from ..matrix import available_catalog
 
     entries = [e.kwargs for e in available_catalog() if e.option in GREEDY_OPTIONS]
-    stacks = [{}] + entries + [{**a, **b} for a, b in itertools.combinations(entries, 2)]
+    stacks = [{}] + entries + ([{**a, **b} for a, b in itertools.combinations(entries, 2)] if pairs else [])
     return [{**base, **stack} for stack in stacks]
 
 
@@ -147,6 +148,7 @@ def _logits_source(case: Case, prompt_length: int, target) -> Callable[[tuple[in
     from .tiny_llama import TinyLlamaScenario
 
     if isinstance(case.scenario, TinyLlamaScenario):
+        @lru_cache(maxsize=None)  # a forward pass per history, shared by every stack
         @torch.no_grad()
         def forward(history):
             return target(torch.tensor([history], dtype=torch.long), use_cache=False).logits[0, -1]
@@ -198,12 +200,15 @@ def compare(case: Case, seed: int, timeout: float = 600.0) -> tuple[list[Compari
 
     base = setup.generation_config
     model = setup.target
-    plain_model = None if isinstance(case.scenario, TinyLlamaScenario) else _plain_stub(case, prompt_length)
+    real_model = isinstance(case.scenario, TinyLlamaScenario)
+    plain_model = model if real_model else _plain_stub(case, prompt_length)
+    logits_of = _logits_source(case, prompt_length, model)
     comparisons = []
-    for s, stack in enumerate(greedy_stacks(case.warpers)):
-        processors, _ = capture_processors(plain_model or model, torch.tensor([prompts[0]]), stack, max(LENGTHS),
+    # A real model costs a forward pass per history: its pairs are left to the fixed-logits scenarios.
+    for s, stack in enumerate(greedy_stacks(case.warpers, pairs=not real_model)):
+        processors, _ = capture_processors(plain_model, torch.tensor([prompts[0]]), stack, max(LENGTHS),
                                            do_sample=False)
-        argmax = _Argmax(_logits_source(case, prompt_length, model), processors)
+        argmax = _Argmax(logits_of, processors)
         for i, prompt in enumerate(prompts):
             length = LENGTHS[(i + s) % len(LENGTHS)]
             config = copy.deepcopy(base)
@@ -286,8 +291,9 @@ def _verdict(result: CaseResult, comparisons: list[Comparison], loop: dict, seco
         "lengths": sorted({c.max_new_tokens for c in comparisons}), "comparisons": len(comparisons),
         "differing": len(differ), "raised": len(raised), "informative_positions": informative, "positions": positions,
         **loop}
+    pairs = " and in pairs" if len(stacks) > len(GREEDY_OPTIONS) + 1 else ""
     what = (f"{len(comparisons)} comparisons with plain greedy decoding ({len(stacks)} stacks: none, "
-            f"{len(GREEDY_OPTIONS)} processors alone and in pairs; {len(facts['prompts'])} prompts; max_new_tokens "
+            f"{len(GREEDY_OPTIONS)} processors alone{pairs}; {len(facts['prompts'])} prompts; max_new_tokens "
             f"{', '.join(map(str, facts['lengths']))}); {loop['drafted']} drafts proposed, {loop['accepted']} kept; the "
             f"argmax depends on the history at {informative} of {positions} positions; exact: no statistics, no "
             "share of alpha")
