@@ -35,6 +35,7 @@ from __future__ import annotations
 import copy
 import itertools
 import time
+import warnings
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, Callable
@@ -46,11 +47,18 @@ from ..compat import release_warpers
 from ..engine import deadline, guarded
 from ..errors import PlainSamplingFails, Timeout
 from ..results import Case, CaseResult, one_line
+from ..matrix import EOS
 from ..warpers import capture_processors, format_warpers
 
 #: The catalog options that change greedy decoding (the sampling warpers do not apply to it).
 GREEDY_OPTIONS = ("repetition_penalty", "no_repeat_ngram_size", "bad_words_ids", "sequence_bias", "suppress_tokens",
                   "min_new_tokens", "exponential_decay_length_penalty")
+#: Values that must change the *argmax*, where the catalog's were chosen to change a law. ``markov8``'s
+#: greedy path is the cycle 2, 4, 2, ... and EOS (token 5) is never its argmax: ``min_new_tokens=2``
+#: changes nothing there, while 5 does beside the length penalty (EOS at position 4 without it).
+#: ``no_repeat_ngram_size=1`` bans every token once used: past 8 tokens every logit is -inf.
+GREEDY_VALUES = {"min_new_tokens": {"min_new_tokens": 5, "eos_token_id": EOS},
+                 "no_repeat_ngram_size": {"no_repeat_ngram_size": 2}}
 #: Prompts per stack (the scenario's own, then seeded ones of the same length).
 PROMPTS = 4
 #: ``max_new_tokens`` of the comparisons: below, at and past a round of ``gamma + 1`` tokens.
@@ -61,12 +69,13 @@ def greedy_stacks(base: dict[str, Any], pairs: bool = True) -> list[dict[str, An
     """``base``, then ``base`` plus each greedy processor of the catalog alone, then (``pairs``) plus every
     pair of them.
 
-    The catalog values (:data:`~lossless_check.warpers.CATALOG`): min length and the exponential decay
-    come with their EOS token (:data:`~lossless_check.warpers.EOS`), so those stacks stop at EOS too.
+    The catalog values (:data:`~lossless_check.matrix.CATALOG`), or :data:`GREEDY_VALUES`: min length
+    and the exponential decay come with their EOS token (:data:`~lossless_check.matrix.EOS`), so those
+    stacks stop at EOS too.
     """
     from ..matrix import available_catalog
 
-    entries = [e.kwargs for e in available_catalog() if e.option in GREEDY_OPTIONS]
+    entries = [GREEDY_VALUES.get(e.option, e.kwargs) for e in available_catalog() if e.option in GREEDY_OPTIONS]
     stacks = [{}] + entries + ([{**a, **b} for a, b in itertools.combinations(entries, 2)] if pairs else [])
     return [{**base, **stack} for stack in stacks]
 
@@ -219,7 +228,9 @@ def compare(case: Case, seed: int, timeout: float = 600.0) -> tuple[list[Compari
                 if key != "do_sample":
                     setattr(reference, key, getattr(defaults, key))
             ids = torch.tensor([prompt], dtype=torch.long)
-            with torch.no_grad(), deadline(timeout, "a greedy comparison"):
+            # generate() warns of min_new_tokens past max_new_tokens (the short lengths): both calls alike.
+            with torch.no_grad(), deadline(timeout, "a greedy comparison"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
                 try:
                     plain = model.generate(ids, generation_config=reference)[0, prompt_length:].tolist()
                 except Exception as exc:  # noqa: BLE001 - the installed plain decoding fails: no reference
@@ -289,7 +300,8 @@ def _verdict(result: CaseResult, comparisons: list[Comparison], loop: dict, seco
     facts = result.greedy_equivalence = {
         "exact": True, "stacks": stacks, "prompts": [list(p) for p in dict.fromkeys(c.prompt for c in comparisons)],
         "lengths": sorted({c.max_new_tokens for c in comparisons}), "comparisons": len(comparisons),
-        "differing": len(differ), "raised": len(raised), "informative_positions": informative, "positions": positions,
+        "differing": len(differ), "differing_stacks": list(dict.fromkeys(format_warpers(c.stack) for c in differ)),
+        "raised": len(raised), "informative_positions": informative, "positions": positions,
         **loop}
     pairs = " and in pairs" if len(stacks) > len(GREEDY_OPTIONS) + 1 else ""
     what = (f"{len(comparisons)} comparisons with plain greedy decoding ({len(stacks)} stacks: none, "
