@@ -186,8 +186,8 @@ def cases_for(generators: Iterable[str] | str | None = None, warpers=None, matri
     ``scenario=None``: the stacks run on :data:`DEFAULT_SCENARIO`, and a ``default`` or ``full``
     matrix adds its real-world slices (:func:`~lossless_check.matrix.real_world_slices`) in the
     run's step-side mode; a named scenario runs every stack there and nothing else. Greedy rows
-    (:func:`greedy_cases`): ``mode="greedy"`` runs only them; ``all`` and a step run over the whole
-    install (``generators=None``, the main job) add them.
+    (:func:`greedy_cases`): ``mode="greedy"`` runs only them; a step or all run over the whole install
+    (``generators=None``: the main job) adds them.
     """
     from .adapters import resolve_generator
     from .matrix import DEFAULT_GENERATORS, matrix as matrix_stacks
@@ -210,7 +210,7 @@ def cases_for(generators: Iterable[str] | str | None = None, warpers=None, matri
         cases += [Case(g, w, m, chosen, max_new_tokens) for g in resolved for w in stacks]
     if scenario is None and matrix_name:
         cases += real_world_cases(resolved, matrix_name, modes[0], max_new_tokens)
-    if mode == "all" or (mode == "step" and generators is None):
+    if generators is None and mode in ("step", "all"):
         cases += greedy_cases(resolved, [], scenario)
     return cases
 

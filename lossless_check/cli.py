@@ -79,8 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--mode", choices=("step", "provenance", "generate", "greedy", "all"), default="step",
                      help="step: statistical, one round (default); provenance: exact check of q; generate: the real "
                           "generate() loop; greedy: exact, do_sample=False against plain greedy decoding, a row per "
-                          "generator (a step run over the whole install adds these rows); all: step with provenance "
-                          "beside it, plus generate and greedy")
+                          "generator (a step or all run over the whole install adds these rows); all: step with "
+                          "provenance beside it, plus generate")
     run.add_argument("--max-new-tokens", type=positive_int, default=4, metavar="K",
                      help="generate mode: tokens per generate() call, each position tested (default 4)")
     _common(run, f"trials per case (default {DEFAULT_SAMPLES})")

@@ -305,7 +305,7 @@ def run_greedy_mutant(mutant: Mutant, seed: int) -> dict:
         "correct": result.verdict == "lossless" if mutant.equivalent else caught and only_there,
         "failed_checks": result.failed_checks, "p_value": None, "tv": None, "tv_detectable": None, "exact_tv": None,
         "samples": result.samples, "samples_at_position": None, "reason": result.reason, "positions": [],
-        "position": first.get("position", mutant.position),
+        "position": first.get("position", mutant.position), "differing_stacks": facts.get("differing_stacks", []),
     }
 
 
