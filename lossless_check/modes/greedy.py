@@ -186,6 +186,7 @@ def compare(case: Case, seed: int, timeout: float = 600.0) -> tuple[list[Compari
     """
     from transformers import GenerationConfig
 
+    from ..adapters.mtp import _quiet_loading
     from .generate import _setup
     from .tiny_llama import TinyLlamaScenario
 
@@ -229,7 +230,8 @@ def compare(case: Case, seed: int, timeout: float = 600.0) -> tuple[list[Compari
                     setattr(reference, key, getattr(defaults, key))
             ids = torch.tensor([prompt], dtype=torch.long)
             # generate() warns of min_new_tokens past max_new_tokens (the short lengths): both calls alike.
-            with torch.no_grad(), deadline(timeout, "a greedy comparison"), warnings.catch_warnings():
+            # _quiet_loading: MTP's generator loads its layers (from_pretrained) at every generate() call.
+            with torch.no_grad(), deadline(timeout, "a greedy comparison"), warnings.catch_warnings(), _quiet_loading():
                 warnings.simplefilter("ignore", UserWarning)
                 try:
                     plain = model.generate(ids, generation_config=reference)[0, prompt_length:].tolist()
