@@ -27,7 +27,7 @@ from lossless_check.scenarios import DEFAULT, IID
 from lossless_check.stubs import fixed_logits_lm
 
 #: generate() raises on these families under some greedy stacks (transformers defects), as
-#: [first, first fixed) and a word of the error. Examined on 5.24.0 only (earlier releases: not yet).
+#: [first, first fixed) and a word of the error.
 GREEDY_RAISES = {
     # AssistedCandidateGeneratorDifferentTokenizers hands the target's own LogitsProcessorList to the
     # assistant's generate() (5.24.0 candidate_generator.py line 320). SequenceBiasLogitsProcessor and
@@ -35,11 +35,20 @@ GREEDY_RAISES = {
     # 1322 and 1361, once: 1386): the assistant's vocabulary (10 here), then the target's (8) at
     # verification, line 1329: "The size of tensor a (8) must match the size of tensor b (10)". Every
     # stack with bad_words_ids or sequence_bias, whenever the two vocabularies differ in size.
-    DIFFERENT_TOKENIZERS: (("5.24.0", None), "must match the size"),
+    # Examined on 5.13.1, 5.14.1 and 5.24.0 (all raise); earlier releases not yet examined.
+    DIFFERENT_TOKENIZERS: (("5.13.1", None), "must match the size"),
     # (EarlyExit 5.0-5.2 and SinglePosition 5.18-5.19 raise in every call: tests/test_generate_mode.py RAISES.)
     EARLY_EXIT: (("5.0.0", "5.3.0"), "is_first_iteration"),
     SINGLE_POSITION: (("5.18.0", "5.20.0"), "missing 2 required positional arguments"),
 }
+
+
+#: Prompt lookup emits nothing after a prompt that ends in EOS when its first round finds no match: up to
+#: 5.17 a round without drafts checks the stopping criteria on the prompt itself (``is_done_candidate``,
+#: as for DFlash and MTP in tests/test_generate_mode.py STOPPING_DEFECTS). Seen on 5.14.1 (markov8, prompt
+#: [6, 0, 5] under min_new_tokens=5 with EOS 5: nothing, plain greedy [2, 4, 2, 4, 2]); before 5.14 the
+#: overshoot below already makes the row not lossless; 5.24.0 passes (5.18.0 dropped is_done_candidate).
+PROMPT_LOOKUP_NOTHING_AFTER_EOS_PROMPT = ("5.14.0", "5.18.0")
 
 
 def expected_verdicts(family: str, scenario_name: str = "markov8") -> set[str]:
@@ -49,12 +58,14 @@ def expected_verdicts(family: str, scenario_name: str = "markov8") -> set[str]:
         return {"skipped"}
     if family in GREEDY_RAISES and within(GREEDY_RAISES[family][0]):
         return {"error"}
-    if family == PROMPT_LOOKUP and (within(PROMPT_LOOKUP_OVERSHOOTS) or within(PROMPT_LOOKUP_CRASHES_WITHOUT_EOS)):
-        # One token past max_new_tokens where a partly accepted draft reaches max_length (4.40-5.13), and
-        # 5.0-5.12's isin(chosen_ids, None) on stacks without EOS: a mismatch outranks an error.
+    if family == PROMPT_LOOKUP and any(within(span) for span in (
+            PROMPT_LOOKUP_OVERSHOOTS, PROMPT_LOOKUP_CRASHES_WITHOUT_EOS, PROMPT_LOOKUP_NOTHING_AFTER_EOS_PROMPT)):
+        # One token past max_new_tokens where a partly accepted draft reaches max_length (4.40-5.13; measured:
+        # 14 of 116 comparisons on 5.13.1, 15 on 4.40.2), 5.0-5.12's isin(chosen_ids, None) on stacks
+        # without EOS, nothing after an EOS prompt (5.14-5.17): a mismatch outranks an error.
         return {"not_lossless", "error"}
     if family == ASSISTED and scenario_name == TINY_LLAMA.name and within(ASSISTED_STALE_CACHE_POSITION):
-        return {"not_lossless"}
+        return {"not_lossless"}  # measured on 4.40.2: 14 of 32 comparisons differ (markov8: lossless, stubs ignore positions)
     return {"lossless"}
 
 
