@@ -151,7 +151,8 @@ def resolve_scenario(name: str, mode: str = "step"):
 
     if name == "tiny-llama":
         if mode not in ("generate", "greedy"):
-            raise UsageError("the tiny-llama scenario runs in generate and greedy modes only (--mode generate or greedy)")
+            raise UsageError("the tiny-llama scenario runs in generate and greedy modes only "
+                             "(--mode generate or greedy)")
         from .modes.generate import TINY_LLAMA
 
         return TINY_LLAMA

@@ -267,7 +267,8 @@ def compat_table(results: dict[str, dict], modes: list[str], command: str, run_a
     # A run over the whole install adds greedy rows (lossless_check.api.greedy_cases): their own section,
     # read from the first mode whose reports hold them, never mixed into that mode's cells.
     sections = [(mode, mode, False) for mode in modes]
-    holding = [m for m in modes if any(c.get("mode") == "greedy" for r in releases for c in results[r][m].get("cases", []))]
+    holding = [m for m in modes
+               if any(c.get("mode") == "greedy" for r in releases for c in results[r][m].get("cases", []))]
     if holding:
         sections.append((f"greedy (rows of the {holding[0]} runs)", holding[0], True))
     for title, mode, greedy in sections:

@@ -65,7 +65,7 @@ def expected_verdicts(family: str, scenario_name: str = "markov8") -> set[str]:
         # without EOS, nothing after an EOS prompt (5.14-5.17): a mismatch outranks an error.
         return {"not_lossless", "error"}
     if family == ASSISTED and scenario_name == TINY_LLAMA.name and within(ASSISTED_STALE_CACHE_POSITION):
-        return {"not_lossless"}  # measured on 4.40.2: 14 of 32 comparisons differ (markov8: lossless, stubs ignore positions)
+        return {"not_lossless"}  # 4.40.2: 14 of 32 comparisons differ (markov8 passes: the stubs ignore positions)
     return {"lossless"}
 
 
@@ -125,10 +125,12 @@ def test_tiny_llama_row_gives_plain_greedy_tokens_except_where_positions_go_stal
 #: (generation/utils.py line 1554) and verifies with the prepared one, so the mutant changes nothing.
 #: 4.41-5.13 not examined.
 SHARES_VERIFYING_PROCESSORS = ("5.14.0", None)
+SHARING = pytest.mark.skipif(not within(SHARES_VERIFYING_PROCESSORS),
+                             reason="the mutant's bug needs the generator to get the verifying processor list")
 
 
 @needs(ASSISTED)
-@pytest.mark.skipif(not within(SHARES_VERIFYING_PROCESSORS), reason="the mutant's bug needs the verifying processor list")
+@SHARING
 def test_mutant_dropping_the_targets_repetition_penalty_is_caught_under_that_processor_only(monkeypatch):
     bug, control = GREEDY_MUTANTS
     row = run_greedy_mutant(bug, seed=0)
@@ -216,7 +218,7 @@ def test_greedy_rows_join_the_main_job_and_greedy_mode_but_not_a_named_step_run(
     assert [(c.warpers, c.scenario.name) for c in named] == [({"repetition_penalty": 1.5}, "iid8")]
 
 
-@pytest.mark.skipif(not within(SHARES_VERIFYING_PROCESSORS), reason="the mutant's bug needs the verifying processor list")
+@SHARING
 def test_cli_greedy_mode_reports_a_row_per_generator(tmp_path, monkeypatch):
     import json
 

@@ -308,9 +308,9 @@ def _verdict(result: CaseResult, comparisons: list[Comparison], loop: dict, seco
     pairs = " and in pairs" if len(stacks) > len(GREEDY_OPTIONS) + 1 else ""
     what = (f"{len(comparisons)} comparisons with plain greedy decoding ({len(stacks)} stacks: none, "
             f"{len(GREEDY_OPTIONS)} processors alone{pairs}; {len(facts['prompts'])} prompts; max_new_tokens "
-            f"{', '.join(map(str, facts['lengths']))}); {loop['drafted']} drafts proposed, {loop['accepted']} kept; the "
-            f"argmax depends on the history at {informative} of {positions} positions; exact: no statistics, no "
-            "share of alpha")
+            f"{', '.join(map(str, facts['lengths']))}); {loop['drafted']} drafts proposed, {loop['accepted']} kept; "
+            f"the argmax depends on the history at {informative} of {positions} positions; exact: no statistics, "
+            "no share of alpha")
     errors = ""
     if raised:
         errors = (f"generate() raised in {len(raised)} of {len(comparisons)} comparisons (plain greedy decoding did "
@@ -340,7 +340,8 @@ def _verdict(result: CaseResult, comparisons: list[Comparison], loop: dict, seco
                          f"only the length and EOS rules were tested; {what}")
     else:
         result.verdict = "lossless"
-        untested = "" if loop["accepted"] < loop["drafted"] else "; no draft was rejected (cropping after a rejection untested)"
+        untested = ("" if loop["accepted"] < loop["drafted"]
+                    else "; no draft was rejected (cropping after a rejection untested)")
         result.reason = f"identical tokens in all {what}{untested}"
     return result
 
