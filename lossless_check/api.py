@@ -112,10 +112,15 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
 #: drafter's real top-p and sampling over 32,000 logits). Used only to order the work queue and to
 #: choose the cases split across workers (:func:`~lossless_check.scheduler.should_split`).
 _TRIALS_PER_SECOND = {"step": 2000.0, "provenance": 2000.0, "generate": 100.0}
+#: Seconds of one greedy case (measured on 5.24: 4-6 s on markov8, MTP 19 s).
+_GREEDY_SECONDS = 6.0
 
 
 def _work_estimate(case: Case, samples: int) -> float:
     from .analysis import COARSEN_ABOVE_VOCAB
+
+    if case.mode == "greedy":
+        return _GREEDY_SECONDS  # a fixed set of comparisons, whatever ``samples``
 
     large = getattr(case.scenario, "vocab_size", 0) > COARSEN_ABOVE_VOCAB
     return samples / _TRIALS_PER_SECOND.get(case.mode, 100.0) * (30.0 if large else 1.0)
@@ -146,8 +151,9 @@ def resolve_scenario(name: str, mode: str = "step"):
     from .scenarios import SCENARIOS
 
     if name == "tiny-llama":
-        if mode != "generate":
-            raise UsageError("the tiny-llama scenario runs in generate mode only (--mode generate)")
+        if mode not in ("generate", "greedy"):
+            raise UsageError("the tiny-llama scenario runs in generate and greedy modes only "
+                             "(--mode generate or greedy)")
         from .modes.generate import TINY_LLAMA
 
         return TINY_LLAMA
@@ -181,7 +187,9 @@ def cases_for(generators: Iterable[str] | str | None = None, warpers=None, matri
 
     ``scenario=None``: the stacks run on :data:`DEFAULT_SCENARIO`, and a ``default`` or ``full``
     matrix adds its real-world slices (:func:`~lossless_check.matrix.real_world_slices`) in the
-    run's step-side mode; a named scenario runs every stack there and nothing else.
+    run's step-side mode; a named scenario runs every stack there and nothing else. Greedy rows
+    (:func:`greedy_cases`): ``mode="greedy"`` runs only them; a step or all run over the whole install
+    (``generators=None``: the main job) adds them.
     """
     from .adapters import resolve_generator
     from .matrix import DEFAULT_GENERATORS, matrix as matrix_stacks
@@ -192,6 +200,8 @@ def cases_for(generators: Iterable[str] | str | None = None, warpers=None, matri
         generators = [generators]
     resolved = [resolve_generator(g) for g in (generators or DEFAULT_GENERATORS)]
     stacks = _stacks(warpers)
+    if mode == "greedy":
+        return greedy_cases(resolved, stacks, scenario)
     matrix_name = matrix or (None if stacks else "default")
     if matrix_name:
         stacks += matrix_stacks(matrix_name)
@@ -202,6 +212,27 @@ def cases_for(generators: Iterable[str] | str | None = None, warpers=None, matri
         cases += [Case(g, w, m, chosen, max_new_tokens) for g in resolved for w in stacks]
     if scenario is None and matrix_name:
         cases += real_world_cases(resolved, matrix_name, modes[0], max_new_tokens)
+    if generators is None and mode in ("step", "all"):
+        cases += greedy_cases(resolved, [], scenario)
+    return cases
+
+
+def greedy_cases(generators: list, stacks: list[dict[str, Any]], scenario: str | None = None) -> list[Case]:
+    """Greedy mode's rows (:mod:`~lossless_check.modes.greedy`): one per resolved generator and base stack
+    (none given: one per generator, the greedy processors alone and in pairs on top of no warper).
+
+    ``scenario=None``: on :data:`DEFAULT_SCENARIO`, plus the tiny Llamas for the generators they drive
+    (assistant model and prompt lookup: a real model's cache and positions, 4.39-4.40's stale positions);
+    a named scenario: there only.
+    """
+    from .modes.loop_models import ASSISTED, PROMPT_LOOKUP
+
+    chosen = resolve_scenario(scenario or DEFAULT_SCENARIO, "greedy")
+    cases = [Case(g, w, "greedy", chosen) for g in generators for w in (stacks or [{}])]
+    if scenario is None:
+        tiny = resolve_scenario("tiny-llama", "greedy")
+        cases += [Case(g, w, "greedy", tiny) for g in generators for w in (stacks or [{}])
+                  if g.adapter.name in (ASSISTED, PROMPT_LOOKUP)]
     return cases
 
 
@@ -255,6 +286,6 @@ def check(generator: str, warpers=None, mode: str = "step", scenario: str = DEFA
     generator is reported ``not_lossless`` is at most ``alpha``.
     """
     if mode == "all":
-        raise UsageError("check() takes one mode: step, generate or provenance")
+        raise UsageError("check() takes one mode: step, generate, provenance or greedy")
     cases = cases_for([generator], warpers if warpers is not None else "none", None, mode, scenario, max_new_tokens)
     return run_cases(cases[:1], samples, alpha, seed, sequential=sequential).cases[0]

@@ -92,9 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a warper stack as GenerationConfig kwargs (repeatable); 'none' for plain sampling")
     run.add_argument("--matrix", choices=MATRICES, default=None,
                      help="a named set of warper stacks (default when no --warpers: default)")
-    run.add_argument("--mode", choices=("step", "provenance", "generate", "all"), default="step",
+    run.add_argument("--mode", choices=("step", "provenance", "generate", "greedy", "all"), default="step",
                      help="step: statistical, one round (default); provenance: exact check of q; generate: the real "
-                          "generate() loop; all: step with provenance beside it, plus generate")
+                          "generate() loop; greedy: exact, do_sample=False against plain greedy decoding, a row per "
+                          "generator (a step or all run over the whole install adds these rows); all: step with "
+                          "provenance beside it, plus generate")
     run.add_argument("--max-new-tokens", type=positive_int, default=4, metavar="K",
                      help="generate mode: tokens per generate() call, each position tested (default 4)")
     _common(run, f"trials per case (default {DEFAULT_SAMPLES})")
@@ -210,7 +212,7 @@ def samples_to_detect(cases, tv: float, alpha: float, max_new_tokens: int = 4, s
     from .results import POWER
     from .stats import verdict_detectable_tv, verdict_samples_for_tv
 
-    statistical = [c for c in cases if c.mode != "provenance"] or cases
+    statistical = [c for c in cases if c.mode not in ("provenance", "greedy")] or cases
     positions = max(max_new_tokens if c.mode == "generate" else c.scenario.gamma + 1 for c in statistical)
     vocab = max(tested_cells(c.scenario.vocab_size) for c in statistical)
     # As run_cases splits the alpha: over the cases that can give evidence.

@@ -48,8 +48,9 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
     ``scenario=None``: the default scenario, plus the matrix's real-world cases in the first mode
     (:func:`lossless_check.api.real_world_cases`). ``modes`` are :data:`lossless_check.modes.MODES`;
     by default every mode that applies: ``all``
-    (the statistical step mode with the exact provenance sub-verdict beside it) and ``generate`` (the
-    real loop; cases generate mode cannot drive are ``skipped`` with the reason). The exit code is
+    (the statistical step mode with the exact provenance sub-verdict beside it), ``generate`` (the
+    real loop; cases generate mode cannot drive are ``skipped`` with the reason) and ``greedy`` (exact,
+    its rows from :func:`lossless_check.api.greedy_cases`, whatever the matrix). The exit code is
     :attr:`RunResult.exit_code` (0 every case lossless, 1 otherwise). Bad
     input raises :class:`lossless_check.errors.UsageError`. ``return_result``: return
     ``(RunResult, exit code)`` instead. Generate mode (about 150 samples/s: the real loop drafts one
@@ -62,18 +63,20 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
     reported beside the generator's cases; it decides the exit code too only with ``verifier_gates``.
     """
     from .adapters import resolve_generator
-    from .api import DEFAULT_SCENARIO, RunInterrupted, real_world_cases, resolve_scenario, run_cases
+    from .api import DEFAULT_SCENARIO, RunInterrupted, greedy_cases, real_world_cases, resolve_scenario, run_cases
     from .journal import Journal, run_identity
     from .matrix import matrix
     from .results import Case
 
     generator = resolve_generator(generator_spec)
     if modes is None:
-        modes = ("all", "generate")
+        modes = ("all", "generate", "greedy")
     cases = [Case(generator, stack, mode, resolve_scenario(scenario or DEFAULT_SCENARIO, mode)) for mode in modes
-             for stack in matrix(matrix_name)]
+             if mode != "greedy" for stack in matrix(matrix_name)]
     if scenario is None:
         cases += real_world_cases([generator], matrix_name, modes[0])
+    if "greedy" in modes:
+        cases += greedy_cases([generator], [], scenario)
     if hasattr(progress, "set_total"):
         progress.set_total(len(cases))
     by_mode = {"generate": min(samples, generate_samples)}

@@ -130,7 +130,7 @@ def case_informative_positions(case) -> list[int] | None:
     from .modes.loop_models import GREEDY_FAMILIES
 
     generate = case.mode == "generate"
-    if case.mode == "provenance" or (generate and case.generator.adapter.name in GREEDY_FAMILIES):
+    if case.mode in ("provenance", "greedy") or (generate and case.generator.adapter.name in GREEDY_FAMILIES):
         return None
     key = (id(case.scenario), case.warper_spec, generate, case.max_new_tokens if generate else 0)
     if _PLANNED.get(key, (None,))[0] is not case.scenario:

@@ -18,6 +18,10 @@ def modes_for(name: str) -> str:
     modes = [] if name in NO_Q else ["step", "provenance"]
     if skip_reason(Case(generator, {}, "generate")) is None:
         modes.append("generate")
+    from .modes.greedy import skip_reason as greedy_skip
+
+    if greedy_skip(Case(generator, {}, "greedy")) is None:
+        modes.append("greedy")
     batched = " (step batched, replayed at batch 1)" if "step" in modes and getattr(generator.adapter, "batchable", False) else ""
     return (", ".join(modes) or "none") + batched
 

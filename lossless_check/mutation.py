@@ -34,7 +34,9 @@ DraftModel = Callable[[ExactLaws, tuple], tuple[np.ndarray, np.ndarray]]
 
 class Mutant(NamedTuple):
     """One catalog entry. ``family``: the built-in generator class the mutant subclasses (a release
-    without it cannot run the mutant); ``position``: first output position (1-based) the bug reaches."""
+    without it cannot run the mutant); ``position``: first output position (1-based) the bug reaches.
+    ``mode="greedy"`` (:data:`GREEDY_MUTANTS`): the mutant's greedy row runs every greedy stack, and
+    ``warpers`` is what every stack whose output differs must hold."""
 
     spec: str
     family: str
@@ -44,6 +46,7 @@ class Mutant(NamedTuple):
     bug: str
     position: int = 1
     drafts: DraftModel | None = None
+    mode: str = "step"
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
@@ -142,6 +145,16 @@ MUTANTS: list[Mutant] = [
            "adds a constant to every logit of q"),
     Mutant("fixtures.mutants.dflash_equivalent:DFlashFloat64Q", DFLASH, {"top_p": 0.7}, "iid8", True,
            "returns the processed logits in float64"),
+]
+
+
+GREEDY_MUTANTS: list[Mutant] = [
+    Mutant("fixtures.mutants.greedy_mutants:AssistedDraftsWithoutRepetitionPenalty", ASSISTED,
+           {"repetition_penalty": 2.0}, "markov8", False,
+           "drops the repetition penalty from the target's own processor list (in place, meaning the drafts')",
+           mode="greedy"),
+    Mutant("fixtures.mutants.greedy_mutants:AssistedDraftsUnrelatedTokens", ASSISTED, {}, "markov8", True,
+           "drafts unrelated tokens, no q: rejected drafts cost rounds, never tokens", mode="greedy"),
 ]
 
 
@@ -274,6 +287,28 @@ def run_mutant(mutant: Mutant, samples: int, seed: int, alpha: float) -> dict:
     }
 
 
+def run_greedy_mutant(mutant: Mutant, seed: int) -> dict:
+    """Run one of :data:`GREEDY_MUTANTS` in greedy mode (exact): a bug is caught when its row is
+    ``not_lossless`` and every differing comparison's stack holds ``mutant.warpers``."""
+    from .modes.greedy import run_greedy_case
+
+    result = run_greedy_case(Case(resolve_generator(mutant.spec), {}, "greedy", SCENARIOS[mutant.scenario]), seed)
+    facts = result.greedy_equivalence or {}
+    first = facts.get("first_difference") or {}
+    # Stacks are canonical specs (format_warpers): each of the mutant's options reads the same inside one.
+    wanted = [format_warpers({key: value}) for key, value in mutant.warpers.items()]
+    only_there = all(all(f",{w}," in f",{stack}," for w in wanted) for stack in facts.get("differing_stacks", []))
+    caught = result.verdict == "not_lossless"
+    return {
+        **_catalog_fields(mutant), "mutant": result.generator, "verdict": result.verdict, "caught": caught,
+        "provenance": "-", "caught_by": ["greedy"] if caught else [],
+        "correct": result.verdict == "lossless" if mutant.equivalent else caught and only_there,
+        "failed_checks": result.failed_checks, "p_value": None, "tv": None, "tv_detectable": None, "exact_tv": None,
+        "samples": result.samples, "samples_at_position": None, "reason": result.reason, "positions": [],
+        "position": first.get("position", mutant.position), "differing_stacks": facts.get("differing_stacks", []),
+    }
+
+
 def _catalog_fields(mutant: Mutant) -> dict:
     """What a mutant's report row says of its catalog entry."""
     return {"spec": mutant.spec, "warpers": format_warpers(mutant.warpers), "scenario": mutant.scenario,
@@ -292,9 +327,11 @@ def absent_mutant(mutant: Mutant) -> dict:
 
 
 def mutation_report(samples: int, seed: int, alpha: float) -> list[dict]:
-    """Every mutant of :data:`MUTANTS`, each its own run at family rate ``alpha``; a mutant whose base
+    """Every mutant of :data:`MUTANTS`, each its own run at family rate ``alpha``, then :data:`GREEDY_MUTANTS`
+    (exact, no alpha); a mutant whose base
     class the installed release lacks gets a skipped row (:func:`absent_mutant`)."""
-    return [run_mutant(m, samples, seed, alpha) if installed(m) else absent_mutant(m) for m in MUTANTS]
+    return ([run_mutant(m, samples, seed, alpha) if installed(m) else absent_mutant(m) for m in MUTANTS]
+            + [run_greedy_mutant(m, seed) if installed(m) else absent_mutant(m) for m in GREEDY_MUTANTS])
 
 
 def print_mutation_report(rows: list[dict], console=None) -> None:
@@ -303,7 +340,8 @@ def print_mutation_report(rows: list[dict], console=None) -> None:
     from rich.table import Table
 
     console = console or Console()
-    table = Table(title="lossless-check mutation report (step mode)", title_justify="left")
+    table = Table(title="lossless-check mutation report (step mode; caught by greedy: greedy mode)",
+                  title_justify="left")
     for column in ("mutant", "warpers", "scenario", "kind", "verdict", "failed checks", "pos", "TV",
                    "exact TV", "detectable TV", "n", "provenance", "caught by", "outcome"):
         table.add_column(column, justify="right" if column in ("pos", "TV", "exact TV", "detectable TV", "n") else "left")

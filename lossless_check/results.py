@@ -114,6 +114,8 @@ class CaseResult:
     # Whether the run asked about this row: False for the installed verifier's row in a run whose
     # subjects are named generators (reported beside them; it never sets the exit code).
     subject: bool = True
+    # Greedy mode: what was compared with plain greedy decoding, what the loop did, the first difference.
+    greedy_equivalence: dict | None = None
 
     @property
     def exact_pass_blind(self) -> bool:
@@ -142,7 +144,7 @@ class CaseResult:
 
     def explain(self) -> str:
         """One-line reason for the verdict."""
-        if self.verdict in ("error", "skipped") or self.mode == "verifier":
+        if self.verdict in ("error", "skipped") or self.mode in ("verifier", "greedy"):
             return self.reason
         parts = []
         evidence = self._evidence()

@@ -249,21 +249,29 @@ def compat_table(results: dict[str, dict], modes: list[str], command: str, run_a
     notes: dict[tuple[str, str, str, str], list[str]] = {}
     generators = list(dict.fromkeys(c["generator"] for r in releases for m in modes
                                     for c in results[r][m].get("cases", []))) or ["(no report)"]
-    for mode in modes:
-        lines += [f"## mode: {mode}", "", "| generator | " + " | ".join(releases) + " |",
+    # A run over the whole install adds greedy rows (lossless_check.api.greedy_cases): their own section,
+    # read from the first mode whose reports hold them, never mixed into that mode's cells.
+    sections = [(mode, mode, False) for mode in modes]
+    holding = [m for m in modes
+               if any(c.get("mode") == "greedy" for r in releases for c in results[r][m].get("cases", []))]
+    if holding:
+        sections.append((f"greedy (rows of the {holding[0]} runs)", holding[0], True))
+    for title, mode, greedy in sections:
+        lines += [f"## mode: {title}", "", "| generator | " + " | ".join(releases) + " |",
                   "|---" * (len(releases) + 1) + "|"]
         for generator in generators:
             row = []
             for release in releases:
                 report = results[release][mode]
                 if "failed" in report:
-                    notes.setdefault((mode, "every generator", "failed", report["failed"]), []).append(release)
+                    notes.setdefault((title, "every generator", "failed", report["failed"]), []).append(release)
                     row.append("failed")
                     continue
-                text, reason = cell([c for c in report["cases"] if c["generator"] == generator])
+                text, reason = cell([c for c in report["cases"] if c["generator"] == generator
+                                     and (c.get("mode") == "greedy") == greedy])
                 row.append(text)
                 if text not in ("lossless", "absent") or reason:
-                    notes.setdefault((mode, generator, text, reason), []).append(release)
+                    notes.setdefault((title, generator, text, reason), []).append(release)
             lines.append(f"| {generator} | " + " | ".join(row) + " |")
         lines.append("")
     lines += ["## Cells that are not lossless, with the first reason", ""]

@@ -165,9 +165,10 @@ def capture_processors(model, prompt_ids, warpers: dict[str, Any], max_new_token
         config = next((v for v in values if isinstance(v, GenerationConfig)), None) or prepared[-1]
         raise _Captured(LogitsProcessorList([p for part in lists for p in part]), config)
 
-    # ``sample`` is the loop's name before 4.39 (a deprecated alias of ``_sample`` until 4.41).
-    capture_cls = type(f"_Capture{base.__name__}", (base,), {"_sample": _sample, "sample": _sample,
-                                                            "_get_logits_processor": _get_logits_processor})
+    # ``sample`` is the loop's name before 4.39 (a deprecated alias of ``_sample`` until 4.41); greedy
+    # decoding (``do_sample=False``) has its own loop before 4.45, ``_greedy_search`` (``greedy_search`` before 4.39).
+    loops = {name: _sample for name in ("_sample", "sample", "_greedy_search", "greedy_search")}
+    capture_cls = type(f"_Capture{base.__name__}", (base,), {**loops, "_get_logits_processor": _get_logits_processor})
     probe = capture_cls(model.config)
     probe.generation_config = model.generation_config
     config = GenerationConfig(**{**release_warpers(warpers), "do_sample": do_sample, "max_new_tokens": max_new_tokens})

@@ -75,6 +75,7 @@ def test_a_mutant_the_release_cannot_run_is_reported_not_judged(monkeypatch, cap
     absent = MUTANTS[0]._replace(family="NoSuchCandidateGenerator")
     assert not installed(absent)
     monkeypatch.setattr(mutation, "MUTANTS", [absent])
+    monkeypatch.setattr(mutation, "GREEDY_MUTANTS", [])
     assert main(["mutants", "--samples", "100"]) == 1
     out = capsys.readouterr().out
     assert "not on this release" in out and "0/0 mutants judged right" in out

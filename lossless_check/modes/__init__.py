@@ -3,6 +3,7 @@
 - ``step`` (:mod:`.step`): one verification round per trial, statistical, batched where it can be;
 - ``generate`` (:mod:`.generate`): the real ``generate()`` loop, statistical;
 - ``provenance`` (:mod:`.provenance`): exact and white-box, no sampling error;
+- ``greedy`` (:mod:`.greedy`): exact, ``do_sample=False`` through the real loop against plain greedy decoding;
 - ``all``: step with provenance beside it (a run adds generate mode for each case).
 
 :func:`run_case` is the one task the engine runs per case, in any process; :func:`chunked_run` the
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from ..results import Case, CaseResult
 
-MODES = ("step", "provenance", "generate", "all")
+MODES = ("step", "provenance", "generate", "greedy", "all")
 #: Modes whose verdict is statistical (they spend a share of the family's alpha).
 STATISTICAL_MODES = ("step", "generate", "all")
 
@@ -33,6 +34,10 @@ def skip_reason(case: Case, timeout: float = 600.0) -> str | None:
         from .generate import skip_reason as generate_skip
 
         return generate_skip(case)
+    if case.mode == "greedy":
+        from .greedy import skip_reason as greedy_skip
+
+        return greedy_skip(case)
     return None
 
 
@@ -86,6 +91,10 @@ def run_case(case: Case, samples: int, seed: int, alpha_case: float, sequential:
         from .provenance import run_provenance_case
 
         return run_provenance_case(case, seed)
+    if case.mode == "greedy":
+        from .greedy import run_greedy_case
+
+        return run_greedy_case(case, seed, timeout)
     raise ValueError(f"unknown mode {case.mode!r}")
 
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable
 
@@ -172,6 +172,9 @@ class _Setup:
     route: str = ""
     greedy: bool = False
     keep: object = None
+    #: The ``GenerationConfig`` fields that make ``generate()`` build the family (with the ``generate_kwargs``);
+    #: without them and the kwargs, the same call is plain decoding (greedy mode's reference).
+    routing: dict = field(default_factory=dict)
 
 
 def _eos_ids(config) -> frozenset[int]:
@@ -196,11 +199,14 @@ def _setup(case: Case, max_new_tokens: int) -> _Setup:
         processors, prepared = capture_processors(target, prompt_ids, case.warpers, max_new_tokens)
         law = _ModelLaws(target, scenario.prompt, processors).target
         kwargs = {"assistant_model": drafter}
+        routing = {}
         if family == loop_models.PROMPT_LOOKUP:
-            kwargs, config.prompt_lookup_num_tokens = {}, scenario.gamma
+            kwargs, routing = {}, {"prompt_lookup_num_tokens": scenario.gamma}
+            config.prompt_lookup_num_tokens = scenario.gamma
         if case.generator.generator_class is not loop_models.installed_class(family):
             target = loop_models.driving(target, case.generator.generator_class, loop_models.installed_class(family))
-        return _Setup(target, kwargs, prompt_ids, config, law, _eos_ids(prepared), route=loop_models.ROUTES[family])
+        return _Setup(target, kwargs, prompt_ids, config, law, _eos_ids(prepared), route=loop_models.ROUTES[family],
+                      routing=routing)
     plain = fixed_logits_lm(scenario.target, prompt_length=len(scenario.prompt))
     greedy = family in loop_models.GREEDY_FAMILIES
     if greedy:
@@ -217,7 +223,7 @@ def _setup(case: Case, max_new_tokens: int) -> _Setup:
     for key, value in models.config_fields.items():
         setattr(config, key, value)
     return _Setup(models.target, models.generate_kwargs, prompt_ids, config, law, _eos_ids(prepared),
-                  models.counts_round, loop_models.ROUTES[family], greedy, models.keep)
+                  models.counts_round, loop_models.ROUTES[family], greedy, models.keep, dict(models.config_fields))
 
 
 def stopping_violation(tokens: list[int], max_new_tokens: int, eos: frozenset[int]) -> bool:
