@@ -13,7 +13,8 @@ a directory outside the checkout, a project ``mydraft`` with two candidate gener
 
 It runs mydraft's plugin tests (``assert_lossless``, a fuzz test, a negative control), ``lossless-check
 gate`` on both generators (exit 0 with reports; exit 1 with reports and plots), the README's plugin
-example and the README's Python API example, all from the installed wheel. pip's cache (and torch
+example and the README's Python API example, all from the installed wheel (and ``lossless-check mutants``,
+whose mutants only a checkout has, must say so in one line). pip's cache (and torch
 2.13.0's CPU wheel on this disk) keeps the install to about a minute.
 """
 
@@ -182,6 +183,7 @@ def test_a_downstream_project_from_the_wheel(tmp_path):
         "readme-plugin": _start([str(bin_dir / "pytest"), "-q", "-p", "no:cacheprovider", "test_drafter.py"],
                                 readme_plugin),
         "api": _start([str(bin_dir / "python"), api_name], tmp_path / "api"),
+        "mutants": _start([lc, "mutants"], project),
     }
     done = {name: _finish(process) for name, process in running.items()}
 
@@ -226,6 +228,10 @@ def test_a_downstream_project_from_the_wheel(tmp_path):
     rc, out, err = done["api"]
     assert rc == 0, err[-3000:]
     assert_api_example_output(out)
+
+    # The mutation self-test's mutants are the checkout's fixtures: from the wheel, one line saying so.
+    rc, out, err = done["mutants"]
+    assert rc == 2 and "runs from a lossless-check checkout" in err and "Traceback" not in err, out + err
 
     # Last, as it rests on issue #37's exit codes: the correct drafter's gate exits 0, the installed
     # verifier's state (r <= p/q on 5.24.0) reported beside it, not failing a gate whose subject it is not.
