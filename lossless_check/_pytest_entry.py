@@ -9,12 +9,14 @@ it with ``-p no:lossless_check``.
   ``--lossless-seed`` (default 0), ``--lossless-report PATH`` (JSON of every check of the session,
   the schema of ``lossless-check run --json``).
 - The ``lossless`` fixture (:class:`lossless_check.pytest_plugin.Lossless`): ``check(...)`` returns
-  a ``CaseResult``, ``assert_lossless(...)`` fails with a readable explanation.
+  a ``CaseResult``, ``assert_lossless(...)`` fails with a readable explanation; ``fuzz(...)`` and
+  ``assert_fuzz_lossless(...)`` search random warper stacks.
 - The ``lossless`` marker tags tests that use the harness. Tests requesting the fixture get it
   automatically, so ``-m "not lossless"`` deselects every statistical test; the tagged tests are the
-  ones the session's alpha is shared among (see :mod:`lossless_check.pytest_plugin`).
+  ones the session's alpha is shared among; its keyword arguments ``samples``, ``scenario`` and
+  ``seed`` are the test's defaults for its checks (see :mod:`lossless_check.pytest_plugin`).
 - A report-header line (seed, alpha, samples, transformers version) and a terminal-summary section
-  listing every check and its verdict.
+  listing every check (fuzz searches included) and its verdict.
 - pytest-xdist: workers send their checks to the controller, which prints and writes them all.
 """
 
@@ -27,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from .options import positive_int, probability
-from .pytest_plugin import DEFAULT_ALPHA, DEFAULT_SAMPLES, DEFAULT_SEED, Lossless, SessionState
+from .pytest_plugin import DEFAULT_ALPHA, DEFAULT_SAMPLES, DEFAULT_SEED, MARKER_OPTIONS, Lossless, SessionState
 
 _STATE = pytest.StashKey[SessionState]()
 _WORKER_KEY = "lossless_check_records"
@@ -55,8 +57,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "lossless: the test runs lossless-check cases and shares the session's --lossless-alpha; added "
-        "automatically to tests that request the lossless fixture (deselect them all with -m 'not lossless')",
+        f"lossless({', '.join(f'{o}=...' for o in MARKER_OPTIONS)}): the test runs lossless-check cases and shares "
+        "the session's --lossless-alpha; added automatically to tests that request the lossless fixture (deselect "
+        "them all with -m 'not lossless'); its keyword arguments are the defaults of the test's checks",
     )
     config.stash[_STATE] = SessionState(
         alpha=config.getoption("lossless_alpha"),
@@ -92,8 +95,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 @pytest.fixture
 def lossless(request: pytest.FixtureRequest) -> Lossless:
     """Run lossless-check cases: ``lossless.check(generator, warpers="top_k=3", scenario="iid8", samples=None)``
-    returns a ``CaseResult``; ``lossless.assert_lossless(...)`` fails the test with a readable explanation."""
-    return Lossless(request.config.stash[_STATE], request.node.nodeid)
+    returns a ``CaseResult``; ``lossless.assert_lossless(...)`` fails the test with a readable explanation;
+    ``lossless.fuzz(...)`` / ``lossless.assert_fuzz_lossless(...)`` search random warper stacks.
+    ``@pytest.mark.lossless(samples=..., scenario=..., seed=...)`` sets the test's defaults."""
+    marker = request.node.get_closest_marker("lossless")
+    if marker is not None and marker.args:
+        pytest.fail(f"@pytest.mark.lossless takes keyword arguments only ({', '.join(MARKER_OPTIONS)})",
+                    pytrace=False)
+    return Lossless(request.config.stash[_STATE], request.node.nodeid, marker.kwargs if marker else None)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -113,6 +122,17 @@ def pytest_testnodedown(node, error) -> None:
     node.config.stash[_STATE].records.extend(node.workeroutput.get(_WORKER_KEY, []))
 
 
+def _summary_line(r: dict) -> str:
+    """One check of the terminal summary (after its verdict): a step case, or a fuzz search."""
+    alpha = f"alpha {_fmt(r['alpha_case'], '.2g')}  {r['test']}"
+    if r["mode"] == "fuzz":
+        found = f"minimal failing stack [{r['warpers']}]" if r["warpers"] is not None else "no failing stack"
+        return (f"{r['generator']} fuzz {r['scenario']}: {r['stacks_checked']} stacks, "
+                f"{r['statistical_tests']} statistical tests, {found}  n={r['samples']}/stack  {alpha}")
+    return (f"{r['generator']} [{r['warpers']}] {r['scenario']}  n={r['samples']}  TV {_fmt(r['tv'], '.4f')}  "
+            f"p={_fmt(r['p_value'], '.2g')}  {alpha}")
+
+
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     state = config.stash[_STATE]
     if not state.records:
@@ -122,8 +142,6 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
                                     f"seed {state.seed}")
     for r in records:
         terminalreporter.write(f"{r['verdict']:<13}", **_VERDICT_MARKUP.get(r["verdict"], {}))
-        terminalreporter.write_line(
-            f"{r['generator']} [{r['warpers']}] {r['scenario']}  n={r['samples']}  TV {_fmt(r['tv'], '.4f')}  "
-            f"p={_fmt(r['p_value'], '.2g')}  alpha {_fmt(r['alpha_case'], '.2g')}  {r['test']}")
+        terminalreporter.write_line(_summary_line(r))
     if state.report:
         terminalreporter.write_line(f"report: {state.report}")

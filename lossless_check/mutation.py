@@ -326,10 +326,32 @@ def absent_mutant(mutant: Mutant) -> dict:
             "reason": f"transformers {transformers.__version__} has no {mutant.family}"}
 
 
+def require_catalog() -> None:
+    """Raise :class:`~lossless_check.errors.UsageError` unless the mutants are importable: they live in the
+    repository's ``fixtures/mutants`` (negative controls of the test suite), which the wheel does not ship."""
+    import importlib.util
+    import os
+    import sys
+
+    from .errors import UsageError
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # where module:attr generators are found (adapters._load_attr)
+    try:
+        found = importlib.util.find_spec("fixtures.mutants") is not None
+    except ImportError:
+        found = False
+    if not found:
+        raise UsageError("the mutation self-test runs from a lossless-check checkout: its mutants are the test "
+                         "suite's fixtures/mutants, which the installed package does not ship; run it from the "
+                         "repository root")
+
+
 def mutation_report(samples: int, seed: int, alpha: float) -> list[dict]:
     """Every mutant of :data:`MUTANTS`, each its own run at family rate ``alpha``, then :data:`GREEDY_MUTANTS`
     (exact, no alpha); a mutant whose base
     class the installed release lacks gets a skipped row (:func:`absent_mutant`)."""
+    require_catalog()
     return ([run_mutant(m, samples, seed, alpha) if installed(m) else absent_mutant(m) for m in MUTANTS]
             + [run_greedy_mutant(m, seed) if installed(m) else absent_mutant(m) for m in GREEDY_MUTANTS])
 

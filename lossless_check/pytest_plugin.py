@@ -30,6 +30,15 @@ failed test repeats the same data and adds no chance of a false failure.
 A test that obtains the fixture dynamically (``request.getfixturevalue("lossless")``) is not seen
 at collection: it must carry ``@pytest.mark.lossless`` to be budgeted, and its checks fail with a
 message saying so otherwise.
+
+The marker
+----------
+``@pytest.mark.lossless`` does three things: it selects (``-m lossless``, ``-m "not lossless"``;
+tests requesting the fixture get it automatically), it budgets (above), and its keyword arguments
+(:data:`MARKER_OPTIONS`: ``samples``, ``scenario``, ``seed``) are the test's defaults for the
+arguments of the same name of every check it makes: ``@pytest.mark.lossless(samples=20_000)`` gives
+one test more power without touching the session's options. There is no per-test ``alpha``: the
+session's alpha is shared by rule, so that the family rate holds.
 """
 
 from __future__ import annotations
@@ -50,6 +59,9 @@ SPENDING = 6 / math.pi**2
 DEFAULT_ALPHA = 1e-6
 DEFAULT_SAMPLES = 5000
 DEFAULT_SEED = 0
+DEFAULT_SCENARIO = "iid8"
+#: Keyword arguments ``@pytest.mark.lossless(...)`` takes: the test's defaults for its checks' arguments.
+MARKER_OPTIONS = ("samples", "scenario", "seed")
 
 
 def check_alpha(alpha_family: float, budgeted_tests: int, index: int) -> float:
@@ -138,19 +150,45 @@ class Lossless:
     module docstring), recorded for the terminal summary and ``--lossless-report``.
     """
 
-    def __init__(self, state: SessionState, nodeid: str):
+    def __init__(self, state: SessionState, nodeid: str, marker_options: dict[str, Any] | None = None):
+        options = dict(marker_options or {})
+        unknown = sorted(set(options) - set(MARKER_OPTIONS))
+        if unknown:
+            pytest.fail(f"@pytest.mark.lossless takes {', '.join(MARKER_OPTIONS)} as keyword arguments, not "
+                        f"{', '.join(unknown)}", pytrace=False)
+        if "seed" in options and not isinstance(options["seed"], int):
+            pytest.fail(f"@pytest.mark.lossless: seed must be an integer, got {options['seed']!r}", pytrace=False)
         self._state = state
         self._nodeid = nodeid
+        self._options = options
+        self._seed = options.get("seed", state.seed)
         self._checks = 0
 
-    def check(self, generator: str | type, warpers: str | dict[str, Any] = "top_k=3", scenario: str = "iid8",
+    def _samples(self, samples: int | None) -> int:
+        """The check's argument, else the marker's, else ``--lossless-samples``; a bad value is a usage error."""
+        from .errors import UsageError
+
+        samples = samples if samples is not None else self._options.get("samples", self._state.samples)
+        if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
+            raise UsageError(f"samples must be a positive integer, got {samples!r}")
+        return samples
+
+    def _scenario(self, scenario: str | None, default: str) -> str:
+        return scenario if scenario is not None else self._options.get("scenario", default)
+
+    def _next_alpha(self) -> float:
+        self._checks += 1
+        return self._state.alpha_for(self._nodeid, self._checks)
+
+    def check(self, generator: str | type, warpers: str | dict[str, Any] = "top_k=3", scenario: str | None = None,
               samples: int | None = None) -> CaseResult:
         """Run one case and return its :class:`~lossless_check.results.CaseResult` with the verdict decided.
 
         ``generator`` is a built-in class name (``"DFlashTokenCandidateGenerator"``), a ``"module:attr"``
         spec, or a class importable as ``module:qualname``. ``warpers`` is a spec (``"top_k=3,temperature=0.7"``,
-        ``"none"``) or a dict of ``GenerationConfig`` keyword arguments. ``samples`` defaults to
-        ``--lossless-samples``. Bad input raises :class:`lossless_check.errors.UsageError`.
+        ``"none"``) or a dict of ``GenerationConfig`` keyword arguments. ``scenario`` defaults to the
+        marker's, else ``iid8``; ``samples`` to the marker's, else ``--lossless-samples``. Bad input raises
+        :class:`lossless_check.errors.UsageError`.
         """
         return self._run(generator, warpers, scenario, samples)[0]
 
@@ -165,33 +203,31 @@ class Lossless:
         from .scenarios import SCENARIOS
         from .warpers import parse_warpers, validate_warpers
 
-        self._checks += 1
-        alpha = self._state.alpha_for(self._nodeid, self._checks)
-        spec = generator if isinstance(generator, str) else f"{generator.__module__}:{generator.__qualname__}"
+        alpha = self._next_alpha()
+        spec = _spec(generator)
         if isinstance(warpers, str):
             stack = parse_warpers(warpers)
         else:
             stack = dict(warpers)
             validate_warpers(stack)
+        scenario = self._scenario(scenario, DEFAULT_SCENARIO)
         if scenario not in SCENARIOS:
             raise UsageError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
-        samples = self._state.samples if samples is None else samples
-        if not isinstance(samples, int) or samples < 1:
-            raise UsageError(f"samples must be a positive integer, got {samples!r}")
+        samples = self._samples(samples)
         case = Case(resolve_generator(spec), stack, "step", SCENARIOS[scenario])
         # Fixed-sample: a failure names every failing position (a sequential stop names none).
         with one_thread():
-            result = run_case(case, samples, self._state.seed, alpha, sequential=False)
+            result = run_case(case, samples, self._seed, alpha, sequential=False)
         attach_plan(result, case, case_informative_positions(case))
         decide([result], alpha)
-        record = to_json(RunResult([result], alpha, self._state.seed, samples))["cases"][0]
+        record = to_json(RunResult([result], alpha, self._seed, samples))["cases"][0]
         record.update(test=self._nodeid, check=self._checks, generator_spec=spec,
-                      reproduce=reproduce_command(spec, case.warper_spec, scenario, samples, self._state.seed, alpha))
+                      reproduce=reproduce_command(spec, case.warper_spec, scenario, samples, self._seed, alpha))
         self._state.records.append(record)
         return result, record["reproduce"]
 
     def assert_lossless(self, generator: str | type, warpers: str | dict[str, Any] = "top_k=3",
-                        scenario: str = "iid8", samples: int | None = None, *,
+                        scenario: str | None = None, samples: int | None = None, *,
                         allow_vacuous: bool = False) -> CaseResult:
         """:meth:`check`, then fail the test with a short explanation unless the verdict is ``lossless``.
 
@@ -216,26 +252,58 @@ class Lossless:
         return result
 
     def fuzz(self, generator: str | type, examples: int | None = None, samples: int | None = None,
-             scenario: str = "markov8", database: str | None = None):
+             scenario: str | None = None, database: str | None = None):
         """Fuzz ``generator`` over random warper stacks (:func:`lossless_check.fuzzing.fuzz`) as one check of
         this test: the whole search, shrinking included, spends this check's share of the session's alpha.
 
-        ``examples`` and ``samples`` default to :mod:`lossless_check.fuzzing`'s defaults; ``database``
-        (hypothesis's example database directory) defaults to ``.lossless-fuzz``. Returns a
-        :class:`~lossless_check.fuzzing.FuzzResult`.
+        ``examples`` (stacks per pass) defaults to :data:`lossless_check.fuzzing.DEFAULT_EXAMPLES`;
+        ``samples`` (trials per statistical example) to the marker's, else ``--lossless-samples``;
+        ``scenario`` to the marker's, else ``markov8``; ``database`` (hypothesis's example database
+        directory) to ``.lossless-fuzz``. Returns a :class:`~lossless_check.fuzzing.FuzzResult`, recorded
+        for the terminal summary and ``--lossless-report`` (``mode`` ``fuzz``).
         """
         from . import fuzzing
+        from .errors import UsageError
 
-        self._checks += 1
-        alpha = self._state.alpha_for(self._nodeid, self._checks)
-        spec = generator if isinstance(generator, str) else f"{generator.__module__}:{generator.__qualname__}"
-        return fuzzing.fuzz(spec, examples or fuzzing.DEFAULT_EXAMPLES, samples or fuzzing.DEFAULT_SAMPLES, scenario,
-                            self._state.seed, alpha, database or fuzzing.DEFAULT_DATABASE)
+        alpha = self._next_alpha()
+        spec = _spec(generator)
+        if examples is None:
+            examples = fuzzing.DEFAULT_EXAMPLES
+        if not isinstance(examples, int) or isinstance(examples, bool) or examples < 1:
+            raise UsageError(f"examples must be a positive integer, got {examples!r}")
+        samples = self._samples(samples)
+        scenario = self._scenario(scenario, fuzzing.DEFAULT_SCENARIO)
+        result = fuzzing.fuzz(spec, examples, samples, scenario, self._seed, alpha,
+                              database or fuzzing.DEFAULT_DATABASE)
+        self._state.records.append(fuzz_record(result, self._nodeid, self._checks, alpha))
+        return result
 
     def assert_fuzz_lossless(self, generator: str | type, examples: int | None = None, samples: int | None = None,
-                             scenario: str = "markov8", database: str | None = None):
+                             scenario: str | None = None, database: str | None = None):
         """:meth:`fuzz`, then fail the test with the minimal failing stack and its reproduce command."""
         result = self.fuzz(generator, examples, samples, scenario, database)
         if result.verdict != "lossless":
             pytest.fail(result.summary(), pytrace=False)
         return result
+
+
+def _spec(generator: str | type) -> str:
+    return generator if isinstance(generator, str) else f"{generator.__module__}:{generator.__qualname__}"
+
+
+def fuzz_record(result, test: str, check: int, alpha: float) -> dict[str, Any]:
+    """A fuzz check as a ``--lossless-report`` case (``mode`` ``fuzz``): the report's case keys where they
+    mean something for a search (``warpers``: the minimal failing stack, ``tv_detectable``: the worst
+    statistical example's, ``samples``: trials per example), the search's own (``examples``,
+    ``stacks_checked``, ``statistical_tests``, ``alpha_spent``) and the plugin's (``test``, ``check``...)."""
+    statistical = [r for r in result.records if r.get("verdict") is not None]
+    detectable = [r["tv_detectable"] for r in statistical if r.get("tv_detectable") is not None]
+    return {"generator": result.generator.rpartition(":")[2], "warpers": result.stack, "mode": "fuzz",
+            "scenario": result.scenario, "verdict": result.verdict, "samples": result.samples, "tv": None,
+            "tv_detectable": max(detectable) if detectable else None, "p_value": None,
+            "acceptance_rate": None, "expected_acceptance_rate": None,
+            "reason": result.reason or result.summary(), "alpha_case": alpha, "examples": result.examples,
+            "stacks_checked": sum(not r["vacuous"] for r in result.records),
+            "statistical_tests": len(statistical), "alpha_spent": result.alpha_spent,
+            "seconds": result.seconds, "test": test, "check": check, "generator_spec": result.generator,
+            "reproduce": result.reproduce}

@@ -55,7 +55,8 @@ def test_options_marker_and_header(pytester):
     assert "lossless-check:" in help_text
     for option in ("--lossless-alpha", "--lossless-samples", "--lossless-seed", "--lossless-report"):
         assert option in help_text
-    pytester.runpytest("--markers").stdout.fnmatch_lines(["@pytest.mark.lossless: *"])
+    pytester.runpytest("--markers").stdout.fnmatch_lines(
+        ["@pytest.mark.lossless(samples=..., scenario=..., seed=...): *defaults of the test's checks"])
     pytester.makepyfile("def test_nothing():\n    pass\n")
     result = pytester.runpytest("--lossless-seed", "7", "--lossless-alpha", "1e-3")
     result.stdout.fnmatch_lines([f"lossless-check: seed 7, family alpha 0.001, 5000 samples per check, "
@@ -160,3 +161,68 @@ def test_downstream_suite_serial_and_xdist(pytester, monkeypatch):
         return [{k: v for k, v in c.items() if k not in ("seconds", "samples_per_second")} for c in cases]
 
     assert statistics(parallel) == statistics(serial)
+
+
+@needs(DFLASH)
+def test_marker_options_are_the_tests_defaults(pytester, monkeypatch):
+    """``@pytest.mark.lossless(samples=, scenario=, seed=)`` sets a test's defaults; a check's own argument wins;
+    an unknown option fails the test in one line."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    pytester.makepyfile(test_marked="""
+        import pytest
+
+        @pytest.mark.lossless(samples=300, scenario="markov8", seed=5)
+        def test_marked(lossless):
+            assert lossless.check("DFlashTokenCandidateGenerator").samples == 300
+            assert lossless.check("DFlashTokenCandidateGenerator", samples=200, scenario="iid8").samples == 200
+
+        @pytest.mark.lossless(alpha=0.1)
+        def test_bad_option(lossless):
+            pass
+    """)
+    report = pytester.path / "report.json"
+    result = pytester.runpytest("-p", "no:benchmark", "--lossless-report", str(report))
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*@pytest.mark.lossless takes samples, scenario, seed as keyword arguments, not alpha*"])
+    cases = json.loads(report.read_text())["cases"]
+    assert [(c["samples"], c["scenario"]) for c in cases] == [(300, "markov8"), (200, "iid8")]
+    assert all(" --seed 5 " in c["reproduce"] for c in cases)
+
+
+@needs(DFLASH)
+def test_fuzz_checks_are_in_the_summary_and_the_report(pytester, monkeypatch):
+    """A fuzz search is one check of its test: in the terminal summary and in --lossless-report (mode fuzz)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    pytester.makepyfile(test_fuzzed="""
+        def test_builtin_fuzzed(lossless):
+            lossless.assert_fuzz_lossless("DFlashTokenCandidateGenerator", examples=2, samples=300,
+                                          database="db")
+
+        def test_greedy_mutant_fuzzed(lossless):
+            lossless.assert_fuzz_lossless("fixtures.mutants.dflash_greedy_draft:DFlashGreedyDraft", examples=3,
+                                          samples=300, database="db")
+
+        def test_step(lossless):
+            lossless.check("DFlashTokenCandidateGenerator", samples=300)
+    """)
+    report = pytester.path / "report.json"
+    result = pytester.runpytest("-p", "no:benchmark", "--lossless-report", str(report))
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines([
+        "*= lossless-check: 3 checks, family alpha 1e-06, seed 0 =*",
+        "lossless     DFlashTokenCandidateGenerator fuzz markov8: * stacks, * statistical tests, no failing stack  "
+        "n=300/stack  alpha *  test_fuzzed.py::test_builtin_fuzzed",
+        "not_lossless DFlashGreedyDraft fuzz markov8: * stacks, * statistical tests, minimal failing stack [[]*[]]  "
+        "n=300/stack  alpha *  test_fuzzed.py::test_greedy_mutant_fuzzed",
+        "lossless     DFlashTokenCandidateGenerator [[]top_k=3[]] iid8  n=300  *test_fuzzed.py::test_step",
+    ])
+    cases = json.loads(report.read_text())["cases"]
+    assert [(c["test"].split("::")[1], c["mode"], c["verdict"]) for c in cases] == [
+        ("test_builtin_fuzzed", "fuzz", "lossless"), ("test_greedy_mutant_fuzzed", "fuzz", "not_lossless"),
+        ("test_step", "step", "lossless")]
+    builtin, mutant, _ = cases
+    assert builtin["warpers"] is None and builtin["reproduce"] is None and builtin["stacks_checked"] >= 1
+    assert mutant["warpers"] and mutant["reproduce"].startswith("lossless-check run --generator fixtures.mutants")
+    alpha = 1e-6 / 3 * 6 / math.pi**2
+    assert all(c["alpha_case"] == pytest.approx(alpha) and c["samples"] == 300 for c in cases)
+    assert builtin["alpha_spent"] <= alpha

@@ -1,39 +1,26 @@
-"""The README's Python API example runs as shown, and says what the README says it does."""
+"""The README's Python API and fuzzing examples run as shown, and say what the README says they do."""
 
-import contextlib
-import io
+import os
 import re
-from pathlib import Path
+import subprocess
+import sys
 
+from fixtures.readme import README, api_example, assert_api_example_output, python_files, section
 from fixtures.releases import DFLASH, needs
 
-README = Path(__file__).resolve().parents[1] / "README.md"
 
-
-def python_example() -> str:
-    text = README.read_text()
-    section = text[text.index("## Python API"):]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
-
-
-@needs(DFLASH)
-def test_the_python_api_example_runs_and_catches_the_mutant():
-    out = io.StringIO()
-    namespace: dict = {"__name__": "__main__"}  # run as a script is: the example's calls sit under the guard
-    with contextlib.redirect_stdout(out):
-        exec(compile(python_example(), str(README), "exec"), namespace)
-    printed = out.getvalue()
-    assert namespace["result"].verdict == "lossless" and namespace["result"].explain()
-    verdicts = {(c.generator, c.warpers): c.verdict for c in namespace["run"].cases}
-    assert verdicts[("AssistedCandidateGenerator", "top_k=3")] == "lossless"
-    assert verdicts[("DFlashReturnsRawLogits", "top_k=3")] == "not_lossless"
-    assert namespace["run"].exit_code == 1 and "exit code 1" in printed
+def test_the_python_api_example_runs_and_catches_the_buggy_generator(tmp_path):
+    """Run as the README runs it: a script, from a directory of its own (tests/test_downstream.py runs it
+    from the installed wheel)."""
+    name, code = api_example()
+    (tmp_path / name).write_text(code)
+    done = subprocess.run([sys.executable, name], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    assert_api_example_output(done.stdout)
 
 
 def test_the_package_exports_the_public_api_lazily():
-    import subprocess
-    import sys
-
     code = ("import sys, lossless_check as lc; assert 'torch' not in sys.modules; "
             "assert callable(lc.check) and callable(lc.run) and callable(lc.fuzz) and lc.FuzzResult and lc.RunResult and lc.CaseResult; "
             "assert hasattr(lc.strategies, 'warper_stacks'); print(sorted(lc.__all__))")
@@ -46,21 +33,14 @@ def test_the_package_exports_the_public_api_lazily():
 def test_the_fuzzing_example_finds_the_three_warpers(tmp_path):
     """The README's downstream fuzzing example: the CLI and the plugin both fail it with the minimal
     stack of exactly its three warpers, as the README shows."""
-    import os
-    import subprocess
-    import sys
-
-    text = README.read_text()
-    section = text[text.index("## Fuzzing"):text.index("## Pre-merge gate")]
-    for block in re.findall(r"```python\n(.*?)```", section, re.S):
-        name = re.match(r"# (\S+\.py)\n", block).group(1)
-        (tmp_path / name).write_text(block)
+    for name, code in python_files("Fuzzing").items():
+        (tmp_path / name).write_text(code)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(README.parent), str(tmp_path)])}
     cli = subprocess.run([sys.executable, "-m", "lossless_check.cli", "fuzz", "--generator",
                           "my_fuzzed:MyFastPathDrafter", "--quiet"], cwd=tmp_path, env=env, capture_output=True,
                          text=True)
     assert cli.returncode == 1, cli.stderr
-    shown = re.search(r"exits 1:\n\n```\n(.*?)```", section, re.S).group(1)
+    shown = re.search(r"exits 1:\n\n```\n(.*?)```", section("Fuzzing"), re.S).group(1)
     stack = re.search(r"--warpers (\S+)", cli.stdout).group(1)
     assert sorted(option.split("=")[0] for option in stack.split(",")) == [
         "no_repeat_ngram_size", "repetition_penalty", "top_p"]
