@@ -117,7 +117,8 @@ def strata(rows: np.ndarray, position: int, law_of: LawOf, vocab: int) -> list[S
     return counts_by_stratum(ids, tokens, laws, cells)
 
 
-def position_tests(result: CaseResult, strata_by_position: list[list[Stratum]], alpha_case: float) -> int:
+def position_tests(result: CaseResult, strata_by_position: list[list[Stratum]], alpha_case: float,
+                   power: float = POWER) -> int:
     """Test the output law at every position; fill ``result``; return the number of support violations.
 
     Each position gets ``alpha_case / positions`` for :func:`~lossless_check.stats.verdict_test` (the
@@ -126,12 +127,14 @@ def position_tests(result: CaseResult, strata_by_position: list[list[Stratum]], 
     diagnostics; the first failing position (else position 1), when it is a single stratum, gives the
     empirical and expected laws that reports plot. ``result.informative_positions``: the positions
     where some trial met a law that is not a point mass (:mod:`~lossless_check.informativeness`).
+    ``power``: the probability at which each ``tv_detectable`` is stated (a case that runs in two
+    stages states each at a share of the miss probability, :mod:`~lossless_check.modes.step`).
     """
     alpha_position = alpha_case / len(strata_by_position)
     result.alpha_case = alpha_case
     pvalues, violations, tests = [], 0, []
     for j, position_strata in enumerate(strata_by_position):
-        test = verdict_test(position_strata, alpha_position, POWER)
+        test = verdict_test(position_strata, alpha_position, power)
         tests.append(test)
         violations += test.support_violations
         pvalues.append(test.pvalue)

@@ -33,7 +33,7 @@ from ..results import POWER, Case, CaseResult, one_line
 from ..stats import Stratum, law_test
 from ..stubs import fixed_logits_lm
 from ..warpers import capture_processors
-from .batching import BATCH_SIZE, decide_batching, draft_lengths, family_flag
+from .batching import BATCH_SIZE, STAGE_POWER, decide_batching, draft_lengths, family_flag
 from .observations import Observations, widen
 from .replay import BatchMismatch, SamplerLog, replay_detectable_tv, replay_rows, replays_per_chunk
 
@@ -105,6 +105,18 @@ class StepCase:
                 "(no q to check), so step mode does not apply"
             )
         return candidate_ids, candidate_logits
+
+    @property
+    def starts_batched(self) -> bool:
+        """Whether the case's first trials are rows of batched calls (even if it moved to batch 1 since)."""
+        return decide_batching(self.case.generator, self.requested_batch_size)[0] > 1
+
+    @property
+    def power(self) -> float:
+        """The power each stage of the case states its ``tv_detectable`` at: :data:`~.batching.STAGE_POWER`
+        for a case that starts batched (its batched stage, then possibly a batch-1 stage, each may
+        miss), else :data:`~lossless_check.results.POWER`."""
+        return STAGE_POWER if self.starts_batched else POWER
 
     @property
     def batching(self) -> tuple[int, str]:
@@ -275,9 +287,10 @@ class StepCase:
         result.batch = {"batch_size": size, "note": note, "batch1_trials": result.samples - batched,
                         "batched_trials": batched}
         result.generator_facts = getattr(self.session(), "facts", None) or None
-        violations = position_tests(result, [self.position_strata(obs, j) for j in range(positions)], alpha)
+        violations = position_tests(result, [self.position_strata(obs, j) for j in range(positions)], alpha,
+                                    self.power)
         if batched:
-            self._batch_1_guarantee(result, int(obs.replayed.sum()))
+            self._batch_1_guarantee(result, int(obs.replayed.sum()), self.power)
         result.alpha_case = alpha
         if obs.impossible_drafts:
             result.failed_checks.append("impossible_draft")
@@ -286,14 +299,20 @@ class StepCase:
         return result
 
     @staticmethod
-    def _batch_1_guarantee(result: CaseResult, replays: int) -> None:
-        """State ``tv_detectable`` for batch-1 calls: the batched rows' own, plus what the clean
-        replays leave unproven (:func:`~.replay.replay_detectable_tv`)."""
-        extra = replay_detectable_tv(replays)
+    def _batch_1_guarantee(result: CaseResult, replays: int, power: float) -> None:
+        """State ``tv_detectable`` for batch-1 calls: at position 1, the batched rows' own plus what the
+        clean replays leave unproven (:func:`~.replay.replay_detectable_tv`), both at ``power``.
+
+        Nothing is stated for a later position (``tv_detectable`` ``None``; the batched rows' own figure is
+        kept as ``tv_detectable_batched``): the coupling bounds the unconditional law of a round, and a
+        batch-1 bug confined to rounds that reach position ``j`` (probability ``pi_j``) can move position
+        ``j``'s conditional law by up to 1 while a replay sees it with probability ``pi_j`` only."""
+        extra = replay_detectable_tv(replays, power)
         result.batch.update(replays=replays, replay_tv=extra, tv_detectable_batched=result.tv_detectable)
         result.tv_detectable = min(1.0, result.tv_detectable + extra)
         for entry in result.positions:
-            entry["tv_detectable"] = min(1.0, entry["tv_detectable"] + extra)
+            entry["tv_detectable_batched"] = entry["tv_detectable"]
+            entry["tv_detectable"] = result.tv_detectable if entry["position"] == 1 else None
 
     def _diagnose(self, result: CaseResult, obs: Observations, alpha_position: float) -> None:
         """The acceptance law and the rejection residuals: diagnostics that explain a failure."""
@@ -395,12 +414,32 @@ class StepRun:
         aside = accepted_impossible(obs.emitted, obs.n_matches, step.laws.target)
         obs = without(obs, aside >= 0)
         if not self.sequential:
-            return attribute(step.analyse(obs, alpha_case), aside, obs.impossible_drafts)
+            return attribute(self._batch_1_only(step.analyse(obs, alpha_case)), aside, obs.impossible_drafts)
         log_e, outside_support = step.evidence(obs)
         exact = bool(obs.impossible_drafts) or outside_support
         result = stop_sequentially(lambda trials, alpha: step.analyse(obs if trials is None else obs.head(trials), alpha),
                                    log_e, alpha_case, final, exact)
-        return None if result is None else attribute(result, aside, obs.impossible_drafts)
+        return None if result is None else attribute(self._batch_1_only(result), aside, obs.impossible_drafts)
+
+    def _batch_1_only(self, result: CaseResult) -> CaseResult:
+        """A result whose verdict rests on batch-1 behaviour only.
+
+        Batched rows are the harness's construct: they may pass a case (with the guarantee of
+        :meth:`StepCase._batch_1_guarantee`), never fail it. A batched result that would fail (an exact
+        failure, or its p-value at or below the case's alpha) raises :class:`~.replay.BatchMismatch`,
+        and the case runs again at batch 1 with its whole alpha, where a failure is the real loop's.
+        A batched result that passes gives Holm's family the p-value 1, so that no step-down across
+        cases can turn batched evidence into a failure either; its own p-value is ``batch.p_value``.
+        """
+        if result.batch["batch_size"] == 1:
+            return result
+        if result.exact_failure or result.p_value <= self.alpha_case:
+            checks = ", ".join(result.failed_checks) or "output law"
+            raise BatchMismatch(f"the batched rows failed ({checks}; p = {result.p_value:.3g}): only batch-1 "
+                                f"calls, which the real loop makes, may fail a case")
+        result.batch["p_value"] = result.p_value
+        result.p_value = 1.0
+        return result
 
     def run(self, fetch=None) -> CaseResult:
         """The result; ``fetch(chunk, size, chunk_seed)`` gets each chunk (default: collected here)."""
