@@ -16,7 +16,9 @@ holds for batch-1 calls. Families that cannot batch run every trial at batch 1.
 
 from __future__ import annotations
 
+import math
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -35,12 +37,24 @@ from ..stubs import fixed_logits_lm
 from ..warpers import capture_processors
 from .batching import BATCH_SIZE, STAGE_POWER, decide_batching, draft_lengths, family_flag
 from .observations import Observations, widen
+from .randomness import FRESH_CALLS, FRESH_LEVEL, RandomnessWatch, fresh_draws_evalue
 from .replay import BatchMismatch, SamplerLog, replay_detectable_tv, replay_rows, replays_per_chunk
 
 #: Memory the per-case cache of processed target logits may hold.
 TARGET_CACHE_BYTES = 256 * 2**20
 #: ``max_new_tokens`` of the generation config in step mode: far enough that no candidate is cut.
 STEP_MAX_NEW_TOKENS = 64
+
+
+@contextmanager
+def watched_randomness():
+    """Raise :class:`~.replay.BatchMismatch` when the calls made inside seed, restore or privately
+    generate randomness (:class:`~.randomness.RandomnessWatch`): the replays would not see it."""
+    with RandomnessWatch() as watch:
+        yield
+    if watch.seen:
+        raise BatchMismatch(f"the generator {watch.seen[0]} during get_candidates: its batch-1 draws may not be "
+                            f"the fresh draws the forced replays stand for")
 
 
 class StepCase:
@@ -160,10 +174,12 @@ class StepCase:
 
     # -- trials --------------------------------------------------------------------------------
 
-    def collect(self, samples: int, seed: int, replays: int | None = None) -> Observations:
+    def collect(self, samples: int, seed: int, replays: int | None = None, fresh: int = 0) -> Observations:
         """``samples`` trials: rows of batched calls, ``replays`` of them (chosen at random; by
         default the share of a case of ``samples`` trials) replayed at batch 1, or batch-1 calls when
-        the case does not batch. Raises :class:`~.replay.BatchMismatch` when a replay differs.
+        the case does not batch. A batched case first makes ``fresh`` unforced batch-1 calls whose
+        draws must pass :func:`~.randomness.fresh_draws_evalue`. Raises :class:`~.replay.BatchMismatch`
+        when a replay differs, or when the draws may not be what the replays assume (:mod:`.randomness`).
 
         The trials are a function of ``seed`` alone (a split case collects chunks anywhere): the
         session, whose building may draw random numbers, is built before the seed is set."""
@@ -172,6 +188,7 @@ class StepCase:
         batch_size = self.batching[0]
         replayed = np.zeros(samples, dtype=bool)
         if batch_size > 1:
+            self.check_fresh_draws(fresh)
             count = sum(replays_per_chunk(samples)) if replays is None else replays
             replayed[np.random.default_rng(seed).choice(samples, size=min(count, samples), replace=False)] = True
         width = self.positions
@@ -231,17 +248,37 @@ class StepCase:
             candidate_ids, candidate_logits = self.draft(1)
             return candidate_ids, candidate_logits, [candidate_ids.shape[1] - self.prompt_ids.shape[1]]
         length, vocab = self.prompt_ids.shape[1], self.case.scenario.vocab_size
-        try:
-            with SamplerLog(vocab, keep=np.flatnonzero(replay).tolist()) as log:
-                candidate_ids, candidate_logits = self.draft(rows)
-        except Timeout:
-            raise
-        except GeneratorFailure as exc:  # the batched call is the harness's construct, not the loop's
-            raise BatchMismatch(f"a call on {rows} rows failed ({exc})") from exc
-        lengths = draft_lengths(candidate_ids[:, length:], self.eos, self.stops_at_eos)
-        replay_rows(self.draft, candidate_ids, candidate_logits, log, lengths, np.flatnonzero(replay).tolist(),
-                    length, vocab)
+        with watched_randomness():
+            try:
+                with SamplerLog(vocab, keep=np.flatnonzero(replay).tolist()) as log:
+                    candidate_ids, candidate_logits = self.draft(rows)
+            except Timeout:
+                raise
+            except GeneratorFailure as exc:  # the batched call is the harness's construct, not the loop's
+                raise BatchMismatch(f"a call on {rows} rows failed ({exc})") from exc
+            lengths = draft_lengths(candidate_ids[:, length:], self.eos, self.stops_at_eos)
+            replay_rows(self.draft, candidate_ids, candidate_logits, log, lengths, np.flatnonzero(replay).tolist(),
+                        length, vocab)
         return candidate_ids, candidate_logits, lengths
+
+    def check_fresh_draws(self, calls: int) -> None:
+        """``calls`` unforced batch-1 calls; raise :class:`~.replay.BatchMismatch` if their draws are not
+        fresh draws from the laws they were given (:func:`~.randomness.fresh_draws_evalue`)."""
+        if calls <= 0:
+            return
+        draws = []
+        with watched_randomness():
+            for _ in range(calls):
+                with SamplerLog(self.case.scenario.vocab_size) as log:
+                    try:
+                        self.draft(1)
+                    except GeneratorFailure as exc:
+                        raise BatchMismatch(f"an unforced batch-1 call raised ({exc})") from exc
+                draws += log.calls
+        log_e = fresh_draws_evalue(draws)
+        if log_e >= math.log(1.0 / FRESH_LEVEL):
+            raise BatchMismatch(f"the draws of {calls} unforced batch-1 calls are not fresh draws from the laws "
+                                f"they were given (e-value {math.exp(min(log_e, 700.0)):.3g} >= 1/{FRESH_LEVEL:g})")
 
     # -- analysis ------------------------------------------------------------------------------
 
@@ -403,7 +440,8 @@ class StepRun:
 
     def collect_here(self, chunk: int, size: int, chunk_seed: int) -> Observations:
         """One chunk, collected in this process under the per-chunk deadline."""
-        return within_deadline(self.timeout, lambda c, n, s: self.step.collect(n, s, self.replays[c]))(
+        return within_deadline(self.timeout, lambda c, n, s: self.step.collect(
+            n, s, self.replays[c], FRESH_CALLS if c == 0 else 0))(
             chunk, size, chunk_seed)
 
     def analyse(self, parts: list[Observations], final: bool) -> CaseResult | None:
