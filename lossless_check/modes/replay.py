@@ -148,6 +148,39 @@ def replay_rows(draft, ids: torch.Tensor, logits: torch.Tensor, log: SamplerLog,
             raise BatchMismatch(f"row {r} of a {batch}-row call differs from its batch-1 replay: {difference}")
 
 
+def confirm_impossible(draft, ids: torch.Tensor, log: SamplerLog, lengths: list[int], rows: list[int],
+                       prompt_length: int, vocab: int) -> None:
+    """Confirm at batch 1 the impossible drafts of ``rows`` of a batched call, or raise :class:`BatchMismatch`.
+
+    Each row is replayed in a batch-1 call through ``draft(1)``, its draws forced to the row's. The
+    impossible draft is the real loop's own behaviour when the replay draws only tokens its own laws
+    give positive probability (so a batch-1 call drawing fresh from those laws makes the same draws
+    with positive probability), returns the row's drafts, and returns a q that, softmaxed as the
+    verifier does, gives one of them probability 0 exactly. Otherwise the row is a batched construct:
+    the case runs at batch 1, and the row never fails it."""
+    batch = ids.shape[0]
+    for _, tokens in log.calls:
+        if tokens.shape != (batch, 1):
+            raise BatchMismatch(f"a sampler call drew {tuple(tokens.shape)} tokens in a {batch}-row call: an "
+                                f"impossible draft cannot be replayed at batch 1")
+    for r in rows:
+        force = [int(tokens[r, 0]) for _, tokens in log.calls]
+        with SamplerLog(vocab, force) as replay:
+            try:
+                ids1, logits1 = draft(1)
+            except GeneratorFailure as exc:
+                raise BatchMismatch(f"the batch-1 replay of a row with an impossible draft raised ({exc})") from exc
+        n, end = lengths[r], prompt_length + lengths[r]
+        possible = len(replay.calls) <= len(force) and all(
+            tokens1.numel() == 1 and float(probs1[0, force[i]]) > 0 for i, (probs1, tokens1) in enumerate(replay.calls))
+        if possible and ids1.shape == (1, end) and torch.equal(ids1[0], ids[r, :end]):
+            q1 = torch.softmax(logits1[:, :n], dim=-1)[0].gather(-1, ids1[0, prompt_length:, None])[:, 0]
+            if bool((q1 == 0).any()):
+                continue
+        raise BatchMismatch(f"row {r} of a {batch}-row call has an impossible draft that its batch-1 replay does "
+                            f"not return")
+
+
 def _tv(a: torch.Tensor, b: torch.Tensor) -> float:
     return 0.5 * float((a.to(torch.float64) - b.to(torch.float64)).abs().sum())
 

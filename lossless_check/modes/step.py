@@ -38,12 +38,21 @@ from ..warpers import capture_processors
 from .batching import BATCH_SIZE, STAGE_POWER, decide_batching, draft_lengths, family_flag
 from .observations import Observations, widen
 from .randomness import FRESH_CALLS, FRESH_LEVEL, RandomnessWatch, fresh_draws_evalue
-from .replay import BatchMismatch, SamplerLog, replay_detectable_tv, replay_rows, replays_per_chunk
+from .replay import BatchMismatch, SamplerLog, confirm_impossible, replay_detectable_tv, replay_rows, replays_per_chunk
 
 #: Memory the per-case cache of processed target logits may hold.
 TARGET_CACHE_BYTES = 256 * 2**20
 #: ``max_new_tokens`` of the generation config in step mode: far enough that no candidate is cut.
 STEP_MAX_NEW_TOKENS = 64
+
+
+def impossible_drafts(candidate_ids: torch.Tensor, candidate_logits: torch.Tensor, lengths: list[int],
+                      prompt_length: int) -> np.ndarray:
+    """``(rows, gamma)``: which drafts their returned q gives probability 0 (within each row's length)."""
+    gamma = candidate_ids.shape[1] - prompt_length
+    # As _assisted_decoding: the verifier gets candidate_logits in the dtype returned.
+    q_of_drafts = torch.softmax(candidate_logits, dim=-1).gather(-1, candidate_ids[:, prompt_length:, None])[..., 0]
+    return (q_of_drafts == 0).numpy() & (np.arange(gamma) < np.asarray(lengths)[:, None])
 
 
 @contextmanager
@@ -206,10 +215,7 @@ class StepCase:
                 gamma = candidate_ids.shape[1] - length
                 if gamma + 1 > emitted.shape[1]:
                     emitted = widen(emitted, gamma + 1)
-                # As _assisted_decoding: the verifier gets candidate_logits in the dtype returned.
-                q_of_drafts = torch.softmax(candidate_logits, dim=-1).gather(-1, candidate_ids[:, length:, None])[..., 0]
-                drafted = np.arange(gamma) < np.asarray(lengths)[:, None]
-                impossible[t : t + rows] = ((q_of_drafts == 0).numpy() & drafted).sum(axis=1)
+                impossible[t : t + rows] = impossible_drafts(candidate_ids, candidate_logits, lengths, length).sum(axis=1)
                 drafts[t : t + rows] = lengths
                 for r in range(rows):
                     g = lengths[r]
@@ -259,6 +265,8 @@ class StepCase:
             lengths = draft_lengths(candidate_ids[:, length:], self.eos, self.stops_at_eos)
             replay_rows(self.draft, candidate_ids, candidate_logits, log, lengths, np.flatnonzero(replay).tolist(),
                         length, vocab)
+            impossible = np.flatnonzero(impossible_drafts(candidate_ids, candidate_logits, lengths, length).sum(1))
+            confirm_impossible(self.draft, candidate_ids, log, lengths, impossible.tolist(), length, vocab)
         return candidate_ids, candidate_logits, lengths
 
     def check_fresh_draws(self, calls: int) -> None:
@@ -463,13 +471,21 @@ class StepRun:
         """A result whose verdict rests on batch-1 behaviour only.
 
         Batched rows are the harness's construct: they may pass a case (with the guarantee of
-        :meth:`StepCase._batch_1_guarantee`), never fail it. A batched result that would fail (an exact
+        :meth:`StepCase._batch_1_guarantee`), never fail it, except by an impossible draft that a batch-1
+        replay of its row returned too (:func:`~.replay.confirm_impossible`). A batched result that would fail (an exact
         failure, or its p-value at or below the case's alpha) raises :class:`~.replay.BatchMismatch`,
         and the case runs again at batch 1 with its whole alpha, where a failure is the real loop's.
         A batched result that passes gives Holm's family the p-value 1, so that no step-down across
         cases can turn batched evidence into a failure either; its own p-value is ``batch.p_value``.
         """
         if result.batch["batch_size"] == 1:
+            return result
+        if "impossible_draft" in result.failed_checks:
+            # Every impossible draft of a batched row was confirmed at batch 1 (replay.confirm_impossible):
+            # the real loop's own exact failure. Nothing else the batched rows show may fail the case.
+            result.batch["p_value"], result.p_value = result.p_value, 1.0
+            result.batch["note"] += "; each impossible draft returned again by a batch-1 replay of its row"
+            result.failed_checks = ["impossible_draft"]
             return result
         if result.exact_failure or result.p_value <= self.alpha_case:
             checks = ", ".join(result.failed_checks) or "output law"
