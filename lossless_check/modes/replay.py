@@ -29,8 +29,15 @@ output laws of batch-1 calls and of batched rows differ by at most ``f`` in tota
 ``(1 - f)^m <= 1 - power``; otherwise a batch-1 bug of TV ``d`` leaves batched rows at TV
 ``>= d - f``, which the law tests detect once ``d - f >= tv_detectable`` of the batched rows. So a
 case detects a batch-1 bug of TV ``tv_detectable(batched) + ln(1 / (1 - power)) / m`` with
-probability ``>= power``, whatever the bug: that sum is the ``tv_detectable`` a batched case reports.
+probability ``>= power``, whatever the bug: that sum, at ``power`` =
+:data:`~.batching.STAGE_POWER` (the batched stage's share of the miss probability,
+:mod:`.batching`), is the ``tv_detectable`` a batched case reports, at position 1 only. The
+coupling bounds the law of a whole round: a bug confined to rounds that reach position ``j``
+(probability ``pi_j``) may move position ``j``'s conditional law by up to 1 while a replay sees it
+with probability ``pi_j``, so nothing is stated past position 1 (:meth:`~.step.StepCase._batch_1_guarantee`).
 A replay has no false failure (a mismatch never fails a case; it only moves it to batch 1).
+It assumes a batch-1 call's draws are fresh draws from torch's global stream, which the forced
+draws stand for: :mod:`.randomness` checks what it can of that.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ from ..results import POWER
 from .provenance import NOISE, TOLERANCE, Interception, _arg
 
 #: A batched case replays this share of its trials at batch 1 (at least :data:`MIN_REPLAYS`): 200 of
-#: 5,000, which adds ln(100) / 200 = 0.023 to the case's ``tv_detectable``. A replay costs about as
+#: 5,000, which adds ln(200) / 200 = 0.0265 to the case's ``tv_detectable`` (at the stage power 0.995). A replay costs about as
 #: much as a batch-1 trial (2-5 ms): this share keeps the main job within its 6 minutes on 2 cores.
 REPLAY_SHARE = 0.04
 MIN_REPLAYS = 100

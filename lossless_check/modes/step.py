@@ -11,7 +11,9 @@ rows of calls on :data:`BATCH_SIZE` identical prompt rows, and each row then goe
 verifier. The real loop only ever calls a generator with one row, so rows drawn at random from those
 calls are replayed at batch 1 with the same draws (:mod:`.replay`): at the first row that differs
 the case starts again at batch 1 and says why, and a batched case's ``tv_detectable`` is the one that
-holds for batch-1 calls. Families that cannot batch run every trial at batch 1.
+holds for batch-1 calls. Batched rows never fail a case (:meth:`StepRun._batch_1_only`), and calls
+that seed, restore or privately generate randomness move it to batch 1 (:mod:`.randomness`).
+Families that cannot batch run every trial at batch 1.
 """
 
 from __future__ import annotations
