@@ -89,35 +89,61 @@ def coarsening(law: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return cells, cell_law
 
 
+def within_cell_tv(law: np.ndarray, cell_of: np.ndarray) -> float:
+    """The most total variation a true law can add to its TV from ``law`` on tokens beyond its TV on the
+    cells ``cell_of``: ``sum over cells B of p(B) - min_{x in B, p(x) > 0} p(x)`` (a single-token cell
+    adds nothing; mass moved onto a token of probability 0 is an exact failure, outside this).
+
+    Why: for a true law ``r`` and a cell ``B``, with ``a = r(B)``, ``b = p(B)`` and the laws within ``B``
+    normalised, ``sum_{x in B} |r(x) - p(x)| <= |a - b| + min(a, b) ||r_B - p_B||_1`` and
+    ``||r_B - p_B||_1 <= 2 (1 - min_x p_B(x))``; summed over cells, token TV <= cell TV + this."""
+    law = np.asarray(law, dtype=np.float64)
+    support = law > 0
+    cells, mass = cell_of[support].astype(np.int64), law[support]
+    if not cells.size:
+        return 0.0
+    size = int(cells.max()) + 1
+    total = np.bincount(cells, weights=mass, minlength=size)
+    least = np.full(size, np.inf)
+    np.minimum.at(least, cells, mass)
+    shared = np.bincount(cells, minlength=size) > 1
+    return float((total - least)[shared].sum())
+
+
 def coarsened(ids: np.ndarray, tokens: np.ndarray, laws: list[np.ndarray],
-              vocab: int) -> tuple[np.ndarray, list[np.ndarray], int]:
-    """``(cells, cell_laws, cells_per_stratum)``: the tokens and laws of :func:`stratify`, on the
-    partition of :func:`coarsening` when ``vocab`` exceeds :data:`COARSEN_ABOVE_VOCAB` (else unchanged).
-    The rule depends on the vocabulary and the laws only."""
+              vocab: int) -> tuple[np.ndarray, list[np.ndarray], int, list[float]]:
+    """``(cells, cell_laws, cells_per_stratum, within)``: the tokens and laws of :func:`stratify`, on
+    the partition of :func:`coarsening` when ``vocab`` exceeds :data:`COARSEN_ABOVE_VOCAB` (else
+    unchanged), and per law the TV a bug can move inside its cells (:func:`within_cell_tv`; ``None`` on
+    tokens). The rule depends on the vocabulary and the laws only."""
     if tested_cells(vocab) == vocab:
-        return tokens, laws, vocab
+        return tokens, laws, vocab, [None] * len(laws)
     parts = [coarsening(law) for law in laws]
     cells = np.zeros(len(tokens), dtype=np.int64)
     for s, (cell_of, _) in enumerate(parts):
         here = ids == s
         cells[here] = cell_of[tokens[here]]
-    return cells, [law for _, law in parts], COARSE_CELLS
+    within = [within_cell_tv(law, cell_of) for law, (cell_of, _) in zip(laws, parts)]
+    return cells, [law for _, law in parts], COARSE_CELLS, within
 
 
-def counts_by_stratum(ids: np.ndarray, tokens: np.ndarray, laws: list[np.ndarray], vocab: int) -> list[Stratum]:
+def counts_by_stratum(ids: np.ndarray, tokens: np.ndarray, laws: list[np.ndarray], vocab: int,
+                      within: list[float | None] | None = None) -> list[Stratum]:
     kept = ids >= 0
     counts = np.bincount(ids[kept] * vocab + tokens[kept], minlength=len(laws) * vocab)
-    return [Stratum(c, law) for c, law in zip(counts.reshape(len(laws), vocab), laws)]
+    within = within or [None] * len(laws)
+    return [Stratum(c, law, w) for c, law, w in zip(counts.reshape(len(laws), vocab), laws, within)]
 
 
 def strata(rows: np.ndarray, position: int, law_of: LawOf, vocab: int) -> list[Stratum]:
-    """The rows' tokens at ``position`` counted by stratum."""
+    """The rows' tokens at ``position`` counted by stratum (on cells above :data:`COARSEN_ABOVE_VOCAB`)."""
     ids, laws = stratify(rows, position, law_of)
-    tokens, laws, cells = coarsened(ids, rows[:, position], laws, vocab)
-    return counts_by_stratum(ids, tokens, laws, cells)
+    tokens, laws, cells, within = coarsened(ids, rows[:, position], laws, vocab)
+    return counts_by_stratum(ids, tokens, laws, cells, within)
 
 
-def position_tests(result: CaseResult, strata_by_position: list[list[Stratum]], alpha_case: float) -> int:
+def position_tests(result: CaseResult, strata_by_position: list[list[Stratum]], alpha_case: float,
+                   power: float = POWER) -> int:
     """Test the output law at every position; fill ``result``; return the number of support violations.
 
     Each position gets ``alpha_case / positions`` for :func:`~lossless_check.stats.verdict_test` (the
@@ -126,12 +152,14 @@ def position_tests(result: CaseResult, strata_by_position: list[list[Stratum]], 
     diagnostics; the first failing position (else position 1), when it is a single stratum, gives the
     empirical and expected laws that reports plot. ``result.informative_positions``: the positions
     where some trial met a law that is not a point mass (:mod:`~lossless_check.informativeness`).
+    ``power``: the probability at which each ``tv_detectable`` is stated (a case that runs in two
+    stages states each at a share of the miss probability, :mod:`~lossless_check.modes.step`).
     """
     alpha_position = alpha_case / len(strata_by_position)
     result.alpha_case = alpha_case
     pvalues, violations, tests = [], 0, []
     for j, position_strata in enumerate(strata_by_position):
-        test = verdict_test(position_strata, alpha_position, POWER)
+        test = verdict_test(position_strata, alpha_position, power)
         tests.append(test)
         violations += test.support_violations
         pvalues.append(test.pvalue)
@@ -142,6 +170,12 @@ def position_tests(result: CaseResult, strata_by_position: list[list[Stratum]], 
             "tv": test.statistic,
             "tv_threshold": test.threshold_tv,
             "tv_detectable": test.tv_detectable,
+            # What the law tests see: tokens, or cells of each law above COARSEN_ABOVE_VOCAB tokens, where
+            # tv_detectable is a TV between cell laws; a token-level TV of tv_detectable + within_cell_tv
+            # is detected at the same power (within_cell_tv, sample-weighted over strata).
+            "tested_on": "tokens" if all(st.within_cell_tv is None for st in position_strata)
+            else f"{COARSE_CELLS} cells",
+            "within_cell_tv": _weighted_within(position_strata),
             "p_value": test.pvalue,
             "l1_p_value": test.l1_pvalue,
             "lr_p_value": test.lr_pvalue,
@@ -175,6 +209,12 @@ def position_tests(result: CaseResult, strata_by_position: list[list[Stratum]], 
     return violations
 
 
+def _weighted_within(position_strata: list[Stratum]) -> float:
+    """Sample-weighted :func:`within_cell_tv` of a position's strata (0 when tested on tokens)."""
+    n = sum(st.n for st in position_strata)
+    return sum(st.n * (st.within_cell_tv or 0.0) for st in position_strata) / n if n else 0.0
+
+
 def log_evalues(emitted: np.ndarray, positions: int, law_of: LawOf, vocab: int = 0) -> np.ndarray:
     """Running log e-values of the output laws, ``(positions + 1, rows)``: one row per position
     (:func:`~lossless_check.stats.mixture_log_evalues` over the rows that reached it, strata as in
@@ -199,7 +239,7 @@ def sequential_evidence(emitted: np.ndarray, positions: int, law_of: LawOf,
         per_trial = np.zeros(trials)
         if reached.size:
             ids, laws = stratify(emitted[reached], j, law_of)
-            tokens, laws, _ = coarsened(ids, emitted[reached, j], laws, vocab or (len(laws[0]) if laws else 0))
+            tokens, laws, _, _ = coarsened(ids, emitted[reached, j], laws, vocab or (len(laws[0]) if laws else 0))
             outside_support = outside_support or bool((np.stack(laws)[ids, tokens] <= 0).any())
             running = mixture_log_evalues(ids, tokens, laws)
             per_trial[reached] = np.diff(running, prepend=0.0)

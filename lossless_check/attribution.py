@@ -16,15 +16,19 @@ zero-probability draft that is the event ``E`` (``r = 0``), which sets the trial
 trial is distributed as a strict verifier's trial given ``not E``. The strict verifier rejects a
 zero-probability draft whatever ``r`` is, so ``P(E | output) = 2^-24`` when the trial's rejected draft
 had ``p = 0`` and 0 otherwise: conditioning on ``not E`` reweights each output by a factor within
-``[1 - 2^-24, 1 / (1 - 2^-24)]``. A lossless generator's ``n`` kept trials thus have a likelihood
-ratio to the lossless law within ``(1 - 2^-24)^-n`` of 1, and any test at level ``alpha`` keeps level
-``alpha (1 - 2^-24)^-n`` (``1.0003 alpha`` at 5,000 trials) -- beside the float32 grid's own
+``[1 - 2^-24, 1 / (1 - 2^-24)]`` per verification round. A trial of ``K`` rounds (a ``generate()``
+call of generate mode makes up to ``K = max_new_tokens`` of them; a step-mode trial is one round) has
+``P(E | output) <= 1 - (1 - 2^-24)^K <= K 2^-24``, so a lossless generator's ``n`` kept trials have a
+likelihood ratio to the lossless law within ``(1 - K 2^-24)^-n`` of 1, and any test at level
+``alpha`` keeps level ``alpha (1 - K 2^-24)^-n`` (:func:`kept_level`: ``1.0003 alpha`` for 5,000
+step trials, ``1.0012 alpha`` for 5,000 generate calls of ``K = 4``) -- beside the float32 grid's own
 rounding of every ratio ``p/q`` (under ``2^-24`` per draft), which every verifier has.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from contextlib import contextmanager
 from typing import Callable
 
@@ -34,6 +38,12 @@ import torch
 #: The causes an exact failure is attributed to.
 VERIFIER, GENERATOR = "verifier", "generator"
 RATE = 2.0**-24
+
+
+def kept_level(alpha: float, trials: int, rounds: int = 1) -> float:
+    """The level a test at ``alpha`` keeps on ``trials`` kept trials of up to ``rounds`` verification
+    rounds each: ``alpha (1 - rounds 2^-24)^-trials`` (module docstring)."""
+    return alpha * math.exp(-trials * math.log1p(-rounds * RATE))
 
 
 def accepted_impossible(emitted: np.ndarray, n_matches: np.ndarray, law_of: Callable) -> np.ndarray:
@@ -65,8 +75,10 @@ def without(observations, mask: np.ndarray):
     return dataclasses.replace(observations, **changes)
 
 
-def verifier_entries(first_positions: np.ndarray) -> list[dict]:
-    """``exact_failures`` entries for the set-aside trials: one per position, with the count and rate."""
+def verifier_entries(first_positions: np.ndarray, trials: int = 0, rounds: int = 1) -> list[dict]:
+    """``exact_failures`` entries for the set-aside trials: one per position, with the count and rate,
+    and ``level_factor``, what setting trials aside multiplies the level of the law tests by
+    (:func:`kept_level` over the ``trials`` kept trials of up to ``rounds`` rounds each)."""
     from .verifier import acceptance_line
 
     flagged = first_positions[first_positions >= 0]
@@ -74,7 +86,7 @@ def verifier_entries(first_positions: np.ndarray) -> list[dict]:
         return []
     source, line, text = acceptance_line()
     return [{"check": "support", "cause": VERIFIER, "position": int(j) + 1, "trials": int((flagged == j).sum()),
-             "rate": RATE, "where": f"{source}:{line}", "rule": text,
+             "rate": RATE, "level_factor": kept_level(1.0, trials, rounds), "where": f"{source}:{line}", "rule": text,
              "why": "accepted draft with target probability 0 (probability 0 under the algorithm's law)"}
             for j in np.unique(flagged)]
 
@@ -91,9 +103,11 @@ def generator_entries(result, impossible: int = 0, stopping: int = 0) -> list[di
     return entries
 
 
-def attribute(result, set_aside: np.ndarray, impossible: int = 0, stopping: int = 0):
-    """Fill ``result.exact_failures`` (verifier-caused first) and ``result.verifier_set_aside``; return ``result``."""
-    result.exact_failures = verifier_entries(set_aside) + generator_entries(result, impossible, stopping)
+def attribute(result, set_aside: np.ndarray, impossible: int = 0, stopping: int = 0, rounds: int = 1):
+    """Fill ``result.exact_failures`` (verifier-caused first) and ``result.verifier_set_aside``; return
+    ``result``. ``rounds``: the most verification rounds a trial makes (``K`` in generate mode)."""
+    kept = int((set_aside < 0).sum())
+    result.exact_failures = verifier_entries(set_aside, kept, rounds) + generator_entries(result, impossible, stopping)
     result.verifier_set_aside = int((set_aside >= 0).sum())
     result.reason = result.explain()
     return result

@@ -208,6 +208,7 @@ def samples_to_detect(cases, tv: float, alpha: float, max_new_tokens: int = 4, s
     from .analysis import tested_cells
     from .informativeness import evidence_plan
     from .modes import skip_reason
+    from .modes.batching import STAGE_POWER
     from .modes.replay import replay_detectable_tv, total_replays
     from .results import POWER
     from .stats import verdict_detectable_tv, verdict_samples_for_tv
@@ -223,7 +224,9 @@ def samples_to_detect(cases, tv: float, alpha: float, max_new_tokens: int = 4, s
         return samples
 
     def detectable(n: int) -> float:
-        return verdict_detectable_tv([n], vocab, None, alpha_position, POWER) + replay_detectable_tv(total_replays(n))
+        # A batched case states its figure at STAGE_POWER (it may also move to a batch-1 stage).
+        return (verdict_detectable_tv([n], vocab, None, alpha_position, STAGE_POWER)
+                + replay_detectable_tv(total_replays(n), STAGE_POWER))
 
     low, high = samples - 1, samples
     while detectable(high) > tv:

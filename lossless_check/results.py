@@ -175,12 +175,17 @@ class CaseResult:
                          f"{compared(self.p_value_adjusted, self.alpha_family, '<=', '', '.2g')} = family alpha{where}")
         if self.verdict == "lossless" and not parts and self.tv is not None:
             first = (self.informative_positions or [1])[0]
+            at = self.positions[first - 1] if self.positions else {}
+            # Above 4096 tokens the laws are tested on cells: the figure is a TV between cell laws.
+            cells = f" on {at['tested_on']}" if at.get("tested_on", "tokens") != "tokens" else ""
             if first == 1:
-                parts.append(f"TV {self.tv:.4f}; would detect TV >= {self.tv_detectable:.4f} with power {POWER}")
+                parts.append(f"TV {self.tv:.4f}; would detect TV >= {self.tv_detectable:.4f}{cells} with power {POWER}")
+            elif at["tv_detectable"] is None:  # a batched case states nothing past position 1 (modes/step.py)
+                parts.append(f"TV {at['tv']:.4f} at position {first}; no detectable TV is stated there for "
+                             f"batch-1 calls (batched rows only)")
             else:
-                at = self.positions[first - 1]
-                parts.append(f"TV {at['tv']:.4f} at position {first}; would detect TV >= {at['tv_detectable']:.4f} "
-                             f"there with power {POWER}")
+                parts.append(f"TV {at['tv']:.4f} at position {first}; would detect TV >= {at['tv_detectable']:.4f}"
+                             f"{cells} there with power {POWER}")
         if evidence and self.verdict != "vacuous":
             parts.append(evidence)
         aside = [e for e in self.exact_failures if e["cause"] == "verifier"]

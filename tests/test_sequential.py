@@ -34,8 +34,10 @@ def test_a_bug_stops_at_the_first_trial_where_the_evalue_crosses_on_the_fixed_ru
     assert result.verdict == "not_lossless" and "e_value" in result.failed_checks
     assert result.p_value <= ALPHA and result.samples < 1000
 
-    # The same trials a fixed run collects, and the e-process recomputed on them, independently.
-    step = StepCase(case)
+    # Batched rows never fail a case: the batched stage's rejection moved it to batch 1 (issue 39).
+    assert result.batch["batch_size"] == 1 and "batched rows failed" in result.batch["note"], result.batch
+    # The same trials a fixed run at batch 1 collects, and the e-process recomputed on them, independently.
+    step = StepCase(case, batch_size=1)
     replays = replays_per_chunk(5000)
     obs = Observations.concatenate([step.collect(size, case_seed(0, case, c), replays[c])
                                     for c, size in enumerate(chunk_sizes(1000))])

@@ -6,14 +6,27 @@ can draft several rows in one call on this release (``batchable``; Universal, Di
 and prompt lookup read row 0 only), and a user's factory. Whether the rows really behave as batch-1
 calls is never taken from that flag: every batched case replays rows of its own calls at batch 1
 (:mod:`.replay`) and runs at batch 1 at the first difference.
+
+**Batched rows never fail a case.** A batched stage that would fail (an exact failure, or a law test
+at the case's alpha) starts the case again at batch 1 with its whole alpha, and only that stage's
+result can be ``not_lossless`` (:meth:`~.step.StepRun._batch_1_only`): a false failure needs a
+batch-1 test to reject, at most alpha. Power: a case that starts batched has two stages that may
+miss a bug, the batched one (its rows, and its replays) and the batch-1 one it moves to, so each
+states its ``tv_detectable`` at :data:`STAGE_POWER`; a bug at or above the stated figure is then
+missed with probability at most ``(1 - STAGE_POWER) + (1 - STAGE_POWER) = 1 - POWER`` by the
+union bound, whatever the two stages' dependence.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..results import POWER
+
 #: Rows per real ``get_candidates`` call in a batched case.
 BATCH_SIZE = 512
+#: The power each stage of a case that starts batched states its ``tv_detectable`` at (module docstring).
+STAGE_POWER = 1.0 - (1.0 - POWER) / 2
 
 
 def family_flag(adapter, name: str) -> bool:

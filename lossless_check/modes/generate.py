@@ -377,14 +377,16 @@ def run_generate_case(case: Case, samples: int, seed: int, alpha_case: float, se
             aside = gens.aside
             gens = without(gens, aside >= 0)
             if not sequential:
-                return attribute(analyse(case, setup, gens, alpha_case), aside, stopping=gens.stopping_violations)
+                return attribute(analyse(case, setup, gens, alpha_case), aside, stopping=gens.stopping_violations,
+                                 rounds=case.max_new_tokens)
             emitted = gens.before_eos(setup.eos)
             log_e, outside_support = sequential_evidence(emitted, case.max_new_tokens, setup.law)
             exact = bool(gens.stopping_violations) or outside_support
             result = stop_sequentially(
                 lambda trials, alpha: analyse(case, setup, gens if trials is None else gens.head(trials), alpha),
                 log_e, alpha_case, final, exact)
-            return None if result is None else attribute(result, aside, stopping=gens.stopping_violations)
+            return None if result is None else attribute(result, aside, stopping=gens.stopping_violations,
+                                                          rounds=case.max_new_tokens)
 
         return run_in_chunks(case, samples, seed, sequential,
                              within_deadline(timeout, lambda chunk, size, chunk_seed:

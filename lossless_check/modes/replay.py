@@ -29,8 +29,15 @@ output laws of batch-1 calls and of batched rows differ by at most ``f`` in tota
 ``(1 - f)^m <= 1 - power``; otherwise a batch-1 bug of TV ``d`` leaves batched rows at TV
 ``>= d - f``, which the law tests detect once ``d - f >= tv_detectable`` of the batched rows. So a
 case detects a batch-1 bug of TV ``tv_detectable(batched) + ln(1 / (1 - power)) / m`` with
-probability ``>= power``, whatever the bug: that sum is the ``tv_detectable`` a batched case reports.
+probability ``>= power``, whatever the bug: that sum, at ``power`` =
+:data:`~.batching.STAGE_POWER` (the batched stage's share of the miss probability,
+:mod:`.batching`), is the ``tv_detectable`` a batched case reports, at position 1 only. The
+coupling bounds the law of a whole round: a bug confined to rounds that reach position ``j``
+(probability ``pi_j``) may move position ``j``'s conditional law by up to 1 while a replay sees it
+with probability ``pi_j``, so nothing is stated past position 1 (:meth:`~.step.StepCase._batch_1_guarantee`).
 A replay has no false failure (a mismatch never fails a case; it only moves it to batch 1).
+It assumes a batch-1 call's draws are fresh draws from torch's global stream, which the forced
+draws stand for: :mod:`.randomness` checks what it can of that.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ from ..results import POWER
 from .provenance import NOISE, TOLERANCE, Interception, _arg
 
 #: A batched case replays this share of its trials at batch 1 (at least :data:`MIN_REPLAYS`): 200 of
-#: 5,000, which adds ln(100) / 200 = 0.023 to the case's ``tv_detectable``. A replay costs about as
+#: 5,000, which adds ln(200) / 200 = 0.0265 to the case's ``tv_detectable`` (at the stage power 0.995). A replay costs about as
 #: much as a batch-1 trial (2-5 ms): this share keeps the main job within its 6 minutes on 2 cores.
 REPLAY_SHARE = 0.04
 MIN_REPLAYS = 100
@@ -154,6 +161,39 @@ def replay_rows(draft, ids: torch.Tensor, logits: torch.Tensor, log: SamplerLog,
             raise BatchMismatch(UNFORCEABLE)
         if difference is not None:
             raise BatchMismatch(f"row {r} of a {batch}-row call differs from its batch-1 replay: {difference}")
+
+
+def confirm_impossible(draft, ids: torch.Tensor, log: SamplerLog, lengths: list[int], rows: list[int],
+                       prompt_length: int, vocab: int) -> None:
+    """Confirm at batch 1 the impossible drafts of ``rows`` of a batched call, or raise :class:`BatchMismatch`.
+
+    Each row is replayed in a batch-1 call through ``draft(1)``, its draws forced to the row's. The
+    impossible draft is the real loop's own behaviour when the replay draws only tokens its own laws
+    give positive probability (so a batch-1 call drawing fresh from those laws makes the same draws
+    with positive probability), returns the row's drafts, and returns a q that, softmaxed as the
+    verifier does, gives one of them probability 0 exactly. Otherwise the row is a batched construct:
+    the case runs at batch 1, and the row never fails it."""
+    batch = ids.shape[0]
+    for _, tokens in log.calls:
+        if tokens.shape != (batch, 1):
+            raise BatchMismatch(f"a sampler call drew {tuple(tokens.shape)} tokens in a {batch}-row call: an "
+                                f"impossible draft cannot be replayed at batch 1")
+    for r in rows:
+        force = [int(tokens[r, 0]) for _, tokens in log.calls]
+        with SamplerLog(vocab, force) as replay:
+            try:
+                ids1, logits1 = draft(1)
+            except GeneratorFailure as exc:
+                raise BatchMismatch(f"the batch-1 replay of a row with an impossible draft raised ({exc})") from exc
+        n, end = lengths[r], prompt_length + lengths[r]
+        possible = len(replay.calls) <= len(force) and all(
+            tokens1.numel() == 1 and float(probs1[0, force[i]]) > 0 for i, (probs1, tokens1) in enumerate(replay.calls))
+        if possible and ids1.shape == (1, end) and torch.equal(ids1[0], ids[r, :end]):
+            q1 = torch.softmax(logits1[:, :n], dim=-1)[0].gather(-1, ids1[0, prompt_length:, None])[:, 0]
+            if bool((q1 == 0).any()):
+                continue
+        raise BatchMismatch(f"row {r} of a {batch}-row call has an impossible draft that its batch-1 replay does "
+                            f"not return")
 
 
 def _tv(a: torch.Tensor, b: torch.Tensor) -> float:

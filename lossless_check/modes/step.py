@@ -11,12 +11,16 @@ rows of calls on :data:`BATCH_SIZE` identical prompt rows, and each row then goe
 verifier. The real loop only ever calls a generator with one row, so rows drawn at random from those
 calls are replayed at batch 1 with the same draws (:mod:`.replay`): at the first row that differs
 the case starts again at batch 1 and says why, and a batched case's ``tv_detectable`` is the one that
-holds for batch-1 calls. Families that cannot batch run every trial at batch 1.
+holds for batch-1 calls. Batched rows never fail a case (:meth:`StepRun._batch_1_only`), and calls
+that seed, restore or privately generate randomness move it to batch 1 (:mod:`.randomness`).
+Families that cannot batch run every trial at batch 1.
 """
 
 from __future__ import annotations
 
+import math
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -33,14 +37,35 @@ from ..results import POWER, Case, CaseResult, one_line
 from ..stats import Stratum, law_test
 from ..stubs import fixed_logits_lm
 from ..warpers import capture_processors
-from .batching import BATCH_SIZE, decide_batching, draft_lengths, family_flag
+from .batching import BATCH_SIZE, STAGE_POWER, decide_batching, draft_lengths, family_flag
 from .observations import Observations, widen
-from .replay import BatchMismatch, SamplerLog, replay_detectable_tv, replay_rows, replays_per_chunk
+from .randomness import FRESH_CALLS, FRESH_LEVEL, RandomnessWatch, fresh_draws_evalue
+from .replay import BatchMismatch, SamplerLog, confirm_impossible, replay_detectable_tv, replay_rows, replays_per_chunk
 
 #: Memory the per-case cache of processed target logits may hold.
 TARGET_CACHE_BYTES = 256 * 2**20
 #: ``max_new_tokens`` of the generation config in step mode: far enough that no candidate is cut.
 STEP_MAX_NEW_TOKENS = 64
+
+
+def impossible_drafts(candidate_ids: torch.Tensor, candidate_logits: torch.Tensor, lengths: list[int],
+                      prompt_length: int) -> np.ndarray:
+    """``(rows, gamma)``: which drafts their returned q gives probability 0 (within each row's length)."""
+    gamma = candidate_ids.shape[1] - prompt_length
+    # As _assisted_decoding: the verifier gets candidate_logits in the dtype returned.
+    q_of_drafts = torch.softmax(candidate_logits, dim=-1).gather(-1, candidate_ids[:, prompt_length:, None])[..., 0]
+    return (q_of_drafts == 0).numpy() & (np.arange(gamma) < np.asarray(lengths)[:, None])
+
+
+@contextmanager
+def watched_randomness():
+    """Raise :class:`~.replay.BatchMismatch` when the calls made inside seed, restore or privately
+    generate randomness (:class:`~.randomness.RandomnessWatch`): the replays would not see it."""
+    with RandomnessWatch() as watch:
+        yield
+    if watch.seen:
+        raise BatchMismatch(f"the generator {watch.seen[0]} during get_candidates: its batch-1 draws may not be "
+                            f"the fresh draws the forced replays stand for")
 
 
 class StepCase:
@@ -107,6 +132,18 @@ class StepCase:
         return candidate_ids, candidate_logits
 
     @property
+    def starts_batched(self) -> bool:
+        """Whether the case's first trials are rows of batched calls (even if it moved to batch 1 since)."""
+        return decide_batching(self.case.generator, self.requested_batch_size)[0] > 1
+
+    @property
+    def power(self) -> float:
+        """The power each stage of the case states its ``tv_detectable`` at: :data:`~.batching.STAGE_POWER`
+        for a case that starts batched (its batched stage, then possibly a batch-1 stage, each may
+        miss), else :data:`~lossless_check.results.POWER`."""
+        return STAGE_POWER if self.starts_batched else POWER
+
+    @property
     def batching(self) -> tuple[int, str]:
         """``(rows per call, why)``; 1 when the case runs at batch 1 only."""
         if self._batching is None:
@@ -148,10 +185,12 @@ class StepCase:
 
     # -- trials --------------------------------------------------------------------------------
 
-    def collect(self, samples: int, seed: int, replays: int | None = None) -> Observations:
+    def collect(self, samples: int, seed: int, replays: int | None = None, fresh: int = 0) -> Observations:
         """``samples`` trials: rows of batched calls, ``replays`` of them (chosen at random; by
         default the share of a case of ``samples`` trials) replayed at batch 1, or batch-1 calls when
-        the case does not batch. Raises :class:`~.replay.BatchMismatch` when a replay differs.
+        the case does not batch. A batched case first makes ``fresh`` unforced batch-1 calls whose
+        draws must pass :func:`~.randomness.fresh_draws_evalue`. Raises :class:`~.replay.BatchMismatch`
+        when a replay differs, or when the draws may not be what the replays assume (:mod:`.randomness`).
 
         The trials are a function of ``seed`` alone (a split case collects chunks anywhere): the
         session, whose building may draw random numbers, is built before the seed is set."""
@@ -160,6 +199,7 @@ class StepCase:
         batch_size = self.batching[0]
         replayed = np.zeros(samples, dtype=bool)
         if batch_size > 1:
+            self.check_fresh_draws(fresh)
             count = sum(replays_per_chunk(samples)) if replays is None else replays
             replayed[np.random.default_rng(seed).choice(samples, size=min(count, samples), replace=False)] = True
         width = self.positions
@@ -177,10 +217,7 @@ class StepCase:
                 gamma = candidate_ids.shape[1] - length
                 if gamma + 1 > emitted.shape[1]:
                     emitted = widen(emitted, gamma + 1)
-                # As _assisted_decoding: the verifier gets candidate_logits in the dtype returned.
-                q_of_drafts = torch.softmax(candidate_logits, dim=-1).gather(-1, candidate_ids[:, length:, None])[..., 0]
-                drafted = np.arange(gamma) < np.asarray(lengths)[:, None]
-                impossible[t : t + rows] = ((q_of_drafts == 0).numpy() & drafted).sum(axis=1)
+                impossible[t : t + rows] = impossible_drafts(candidate_ids, candidate_logits, lengths, length).sum(axis=1)
                 drafts[t : t + rows] = lengths
                 for r in range(rows):
                     g = lengths[r]
@@ -219,17 +256,39 @@ class StepCase:
             candidate_ids, candidate_logits = self.draft(1)
             return candidate_ids, candidate_logits, [candidate_ids.shape[1] - self.prompt_ids.shape[1]]
         length, vocab = self.prompt_ids.shape[1], self.case.scenario.vocab_size
-        try:
-            with SamplerLog(vocab, keep=np.flatnonzero(replay).tolist()) as log:
-                candidate_ids, candidate_logits = self.draft(rows)
-        except Timeout:
-            raise
-        except GeneratorFailure as exc:  # the batched call is the harness's construct, not the loop's
-            raise BatchMismatch(f"a call on {rows} rows failed ({exc})") from exc
-        lengths = draft_lengths(candidate_ids[:, length:], self.eos, self.stops_at_eos)
-        replay_rows(self.draft, candidate_ids, candidate_logits, log, lengths, np.flatnonzero(replay).tolist(),
-                    length, vocab)
+        with watched_randomness():
+            try:
+                with SamplerLog(vocab, keep=np.flatnonzero(replay).tolist()) as log:
+                    candidate_ids, candidate_logits = self.draft(rows)
+            except Timeout:
+                raise
+            except GeneratorFailure as exc:  # the batched call is the harness's construct, not the loop's
+                raise BatchMismatch(f"a call on {rows} rows failed ({exc})") from exc
+            lengths = draft_lengths(candidate_ids[:, length:], self.eos, self.stops_at_eos)
+            replay_rows(self.draft, candidate_ids, candidate_logits, log, lengths, np.flatnonzero(replay).tolist(),
+                        length, vocab)
+            impossible = np.flatnonzero(impossible_drafts(candidate_ids, candidate_logits, lengths, length).sum(1))
+            confirm_impossible(self.draft, candidate_ids, log, lengths, impossible.tolist(), length, vocab)
         return candidate_ids, candidate_logits, lengths
+
+    def check_fresh_draws(self, calls: int) -> None:
+        """``calls`` unforced batch-1 calls; raise :class:`~.replay.BatchMismatch` if their draws are not
+        fresh draws from the laws they were given (:func:`~.randomness.fresh_draws_evalue`)."""
+        if calls <= 0:
+            return
+        draws = []
+        with watched_randomness():
+            for _ in range(calls):
+                with SamplerLog(self.case.scenario.vocab_size) as log:
+                    try:
+                        self.draft(1)
+                    except GeneratorFailure as exc:
+                        raise BatchMismatch(f"an unforced batch-1 call raised ({exc})") from exc
+                draws += log.calls
+        log_e = fresh_draws_evalue(draws)
+        if log_e >= math.log(1.0 / FRESH_LEVEL):
+            raise BatchMismatch(f"the draws of {calls} unforced batch-1 calls are not fresh draws from the laws "
+                                f"they were given (e-value {math.exp(min(log_e, 700.0)):.3g} >= 1/{FRESH_LEVEL:g})")
 
     # -- analysis ------------------------------------------------------------------------------
 
@@ -275,9 +334,10 @@ class StepCase:
         result.batch = {"batch_size": size, "note": note, "batch1_trials": result.samples - batched,
                         "batched_trials": batched}
         result.generator_facts = getattr(self.session(), "facts", None) or None
-        violations = position_tests(result, [self.position_strata(obs, j) for j in range(positions)], alpha)
+        violations = position_tests(result, [self.position_strata(obs, j) for j in range(positions)], alpha,
+                                    self.power)
         if batched:
-            self._batch_1_guarantee(result, int(obs.replayed.sum()))
+            self._batch_1_guarantee(result, int(obs.replayed.sum()), self.power)
         result.alpha_case = alpha
         if obs.impossible_drafts:
             result.failed_checks.append("impossible_draft")
@@ -286,14 +346,20 @@ class StepCase:
         return result
 
     @staticmethod
-    def _batch_1_guarantee(result: CaseResult, replays: int) -> None:
-        """State ``tv_detectable`` for batch-1 calls: the batched rows' own, plus what the clean
-        replays leave unproven (:func:`~.replay.replay_detectable_tv`)."""
-        extra = replay_detectable_tv(replays)
+    def _batch_1_guarantee(result: CaseResult, replays: int, power: float) -> None:
+        """State ``tv_detectable`` for batch-1 calls: at position 1, the batched rows' own plus what the
+        clean replays leave unproven (:func:`~.replay.replay_detectable_tv`), both at ``power``.
+
+        Nothing is stated for a later position (``tv_detectable`` ``None``; the batched rows' own figure is
+        kept as ``tv_detectable_batched``): the coupling bounds the unconditional law of a round, and a
+        batch-1 bug confined to rounds that reach position ``j`` (probability ``pi_j``) can move position
+        ``j``'s conditional law by up to 1 while a replay sees it with probability ``pi_j`` only."""
+        extra = replay_detectable_tv(replays, power)
         result.batch.update(replays=replays, replay_tv=extra, tv_detectable_batched=result.tv_detectable)
         result.tv_detectable = min(1.0, result.tv_detectable + extra)
         for entry in result.positions:
-            entry["tv_detectable"] = min(1.0, entry["tv_detectable"] + extra)
+            entry["tv_detectable_batched"] = entry["tv_detectable"]
+            entry["tv_detectable"] = result.tv_detectable if entry["position"] == 1 else None
 
     def _diagnose(self, result: CaseResult, obs: Observations, alpha_position: float) -> None:
         """The acceptance law and the rejection residuals: diagnostics that explain a failure."""
@@ -384,7 +450,8 @@ class StepRun:
 
     def collect_here(self, chunk: int, size: int, chunk_seed: int) -> Observations:
         """One chunk, collected in this process under the per-chunk deadline."""
-        return within_deadline(self.timeout, lambda c, n, s: self.step.collect(n, s, self.replays[c]))(
+        return within_deadline(self.timeout, lambda c, n, s: self.step.collect(
+            n, s, self.replays[c], FRESH_CALLS if c == 0 else 0))(
             chunk, size, chunk_seed)
 
     def analyse(self, parts: list[Observations], final: bool) -> CaseResult | None:
@@ -395,12 +462,40 @@ class StepRun:
         aside = accepted_impossible(obs.emitted, obs.n_matches, step.laws.target)
         obs = without(obs, aside >= 0)
         if not self.sequential:
-            return attribute(step.analyse(obs, alpha_case), aside, obs.impossible_drafts)
+            return attribute(self._batch_1_only(step.analyse(obs, alpha_case)), aside, obs.impossible_drafts)
         log_e, outside_support = step.evidence(obs)
         exact = bool(obs.impossible_drafts) or outside_support
         result = stop_sequentially(lambda trials, alpha: step.analyse(obs if trials is None else obs.head(trials), alpha),
                                    log_e, alpha_case, final, exact)
-        return None if result is None else attribute(result, aside, obs.impossible_drafts)
+        return None if result is None else attribute(self._batch_1_only(result), aside, obs.impossible_drafts)
+
+    def _batch_1_only(self, result: CaseResult) -> CaseResult:
+        """A result whose verdict rests on batch-1 behaviour only.
+
+        Batched rows are the harness's construct: they may pass a case (with the guarantee of
+        :meth:`StepCase._batch_1_guarantee`), never fail it, except by an impossible draft that a batch-1
+        replay of its row returned too (:func:`~.replay.confirm_impossible`). A batched result that would fail (an exact
+        failure, or its p-value at or below the case's alpha) raises :class:`~.replay.BatchMismatch`,
+        and the case runs again at batch 1 with its whole alpha, where a failure is the real loop's.
+        A batched result that passes gives Holm's family the p-value 1, so that no step-down across
+        cases can turn batched evidence into a failure either; its own p-value is ``batch.p_value``.
+        """
+        if result.batch["batch_size"] == 1:
+            return result
+        if "impossible_draft" in result.failed_checks:
+            # Every impossible draft of a batched row was confirmed at batch 1 (replay.confirm_impossible):
+            # the real loop's own exact failure. Nothing else the batched rows show may fail the case.
+            result.batch["p_value"], result.p_value = result.p_value, 1.0
+            result.batch["note"] += "; each impossible draft returned again by a batch-1 replay of its row"
+            result.failed_checks = ["impossible_draft"]
+            return result
+        if result.exact_failure or result.p_value <= self.alpha_case:
+            checks = ", ".join(result.failed_checks) or "output law"
+            raise BatchMismatch(f"the batched rows failed ({checks}; p = {result.p_value:.3g}): only batch-1 "
+                                f"calls, which the real loop makes, may fail a case")
+        result.batch["p_value"] = result.p_value
+        result.p_value = 1.0
+        return result
 
     def run(self, fetch=None) -> CaseResult:
         """The result; ``fetch(chunk, size, chunk_seed)`` gets each chunk (default: collected here)."""
