@@ -60,26 +60,40 @@ class Journal:
                     entry = json.loads(line)
                 except json.JSONDecodeError:  # the last line of a run killed while writing it
                     continue
-                self.done[entry["index"]] = result_from_dict(entry["result"])
+                self.done[entry["index"]] = result_from_dict(entry)
         else:
             self.path.write_text(json.dumps(identity) + "\n")
 
     def record(self, index: int, result: CaseResult) -> None:
         """Append one finished case, on disk before this returns."""
         with open(self.path, "a") as handle:
-            handle.write(json.dumps({"index": index, "result": dataclasses.asdict(result)}) + "\n")
+            handle.write(json.dumps({"index": index, **result_to_dict(result)}) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
         self.done[index] = result
 
 
-def result_from_dict(fields: dict) -> CaseResult:
-    """A :class:`CaseResult` from its journal line (``dataclasses.asdict``)."""
+def result_to_dict(result: CaseResult) -> dict:
+    """A result as a journal line's fields: its class (a mode may add fields to :class:`CaseResult`, e.g.
+    :class:`~lossless_check.modes.generate.GenerateCaseResult`) and every field."""
+    kind = type(result)
+    return {"class": f"{kind.__module__}:{kind.__qualname__}", "result": dataclasses.asdict(result)}
+
+
+def result_from_dict(entry: dict) -> CaseResult:
+    """The result :func:`result_to_dict` wrote, of its own class."""
+    import importlib
+
     from .results import CaseResult
 
+    module, _, name = entry.get("class", "lossless_check.results:CaseResult").partition(":")
+    kind = getattr(importlib.import_module(module), name) if module.startswith("lossless_check.") else None
+    if not (isinstance(kind, type) and issubclass(kind, CaseResult)):
+        raise ValueError(f"a journal entry names {entry['class']}, which is no CaseResult")
+    fields = dict(entry["result"])
     if fields.get("tv_ci") is not None:
         fields["tv_ci"] = tuple(fields["tv_ci"])
-    return CaseResult(**fields)
+    return kind(**fields)
 
 
 def write_atomically(path: str | Path, text: str) -> None:
