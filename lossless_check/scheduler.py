@@ -11,7 +11,9 @@ slots (workers). A slot holds one task at a time, and what a free slot takes nex
 
 A split case's looks run in a thread of this process: the very loop a whole case runs
 (:func:`~lossless_check.engine.run_in_chunks`, in the mode's ``run(fetch)``), fed its chunks in chunk
-order whatever order they finish in. A chunk's trials are a function of its seed alone, so the
+order whatever order they finish in. This process keeps each chunk a worker returns
+(``run.keep``) and starts from the chunks an interrupted run kept (``run.kept_outcomes``): a node
+that shares no file system with this one loses nothing either. A chunk's trials are a function of its seed alone, so the
 result is the unsplit run's, whatever the number of workers. A chunk collected under other
 ``facts`` than this process's (a fast tokenizer's vocabulary order is random per process) would not
 be, so such a case runs whole instead.
@@ -96,7 +98,7 @@ class SplitCase:
         self.ends = look_ends(run.samples, run.sequential)
         self.cond = threading.Condition()
         self.state = run.state
-        self.outcomes: dict[int, tuple] = {}
+        self.outcomes: dict[int, tuple] = run.kept_outcomes(self.state)  # what an interrupted run finished
         self.submitted: set[int] = set()
         self.wanted = 0
         self.over = False
@@ -121,7 +123,8 @@ class SplitCase:
         ``chunk_seed`` are the worker's to compute, from the same plan)."""
         with self.cond:
             if self.run.state != self.state:  # the case started again (at batch 1): new chunks
-                self.state, self.outcomes, self.submitted = self.run.state, {}, set()
+                self.state, self.submitted = self.run.state, set()
+                self.outcomes = self.run.kept_outcomes(self.state)
             self.wanted = chunk
             self.events.put(("need", self))
             while chunk not in self.outcomes and not self.over:
@@ -149,6 +152,8 @@ class SplitCase:
         return None
 
     def deliver(self, state, chunk: int, outcome: tuple) -> None:
+        """A chunk a worker finished: kept (on disk, where the run keeps chunks) before the looks see it."""
+        self.run.keep(state, chunk, outcome)
         with self.cond:
             if state == self.state:
                 self.outcomes[chunk] = outcome

@@ -121,3 +121,50 @@ def test_sigterm_during_a_split_case_and_resume_give_the_uninterrupted_report(tm
     fresh = tmp_path / "fresh.json"
     assert finish(lossless_check(*args, "--json", str(fresh)))[0] == 1
     assert without_timings(json.loads(report.read_text())) == without_timings(json.loads(fresh.read_text()))
+
+
+def test_a_resumed_case_collects_only_the_chunks_not_kept_and_ends_as_an_uninterrupted_one(tmp_path, monkeypatch):
+    """The unit kept is the chunk: a case whose first chunks are kept collects only the others, and its
+    result (every field, timings aside) is the uninterrupted one's, sequential e-values included."""
+    import dataclasses
+
+    from lossless_check.api import cases_for, run_cases
+    from lossless_check.engine import chunk_sizes
+    from lossless_check.journal import ChunkStore
+    from lossless_check.modes import step
+
+    cases = cases_for(["AssistedCandidateGenerator"], ["top_k=3", "temperature=0.6"], None, "step", "iid8")
+    samples = 3000
+
+    def rows(run):
+        return [{k: v for k, v in dataclasses.asdict(c).items() if k not in TIMINGS} for c in run.cases]
+
+    fresh = rows(run_cases(cases, samples, 1e-6, 0))
+    store = ChunkStore(tmp_path / "chunks")
+    assert rows(run_cases(cases, samples, 1e-6, 0, chunks=store)) == fresh
+    chunks = len(chunk_sizes(samples))
+    assert all(store.kept(c.key, None) == list(range(chunks)) for c in cases)
+    # A run killed with chunks 0-2 of the first case and 0-3 of the second finished.
+    for case, done in zip(cases, (3, 4)):
+        for chunk in range(done, chunks):
+            store._path(case.key, None, chunk).unlink()
+    collected = []
+    real = step.StepCase.collect
+    monkeypatch.setattr(step.StepCase, "collect",
+                        lambda self, n, s, r=None: collected.append((self.case.key, n)) or real(self, n, s, r))
+    assert rows(run_cases(cases, samples, 1e-6, 0, chunks=store)) == fresh
+    sizes = chunk_sizes(samples)
+    assert collected == [(cases[0].key, n) for n in sizes[3:]] + [(cases[1].key, n) for n in sizes[4:]]
+
+
+def test_a_kept_chunk_is_read_back_only_under_the_facts_it_was_collected_under(tmp_path):
+    from lossless_check.journal import ChunkStore
+
+    store = ChunkStore(tmp_path / "chunks")
+    store.save("case", None, 0, [1, 2, 3], {"order": [1, 0]})
+    assert store.load("case", None, 0) == ([1, 2, 3], {"order": [1, 0]})
+    assert store.load("case", "batch 1: why", 0) is None and store.load("other", None, 0) is None
+    (tmp_path / "chunks" / store._path("case", None, 1).name).write_bytes(b"\x80\x05half a pick")  # killed mid-write
+    assert store.load("case", None, 1) is None and store.kept("case", None) == [0, 1]
+    store.discard("case")
+    assert store.count() == 0
