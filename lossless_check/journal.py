@@ -78,6 +78,11 @@ class Journal:
             self.chunks.clear()
             self.path.write_text(json.dumps(identity) + "\n")
 
+    def kept(self) -> str:
+        """What a resumed run starts from, in words."""
+        return (f"{len(self.done)} of {len(self.cases)} cases finished, {self.chunks.count()} finished chunks of "
+                f"the others kept")
+
     def record(self, index: int, result: CaseResult) -> None:
         """Append one finished case, on disk before this returns; its chunks are no longer needed."""
         with open(self.path, "a") as handle:
@@ -85,7 +90,9 @@ class Journal:
             handle.flush()
             os.fsync(handle.fileno())
         self.done[index] = result
-        if index < len(self.cases):
+        if len(self.done) == len(self.cases):
+            self.chunks.clear()
+        elif index < len(self.cases):
             self.chunks.discard(self.cases[index])
 
 

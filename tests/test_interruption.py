@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from fixtures.releases import DFLASH, needs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,29 +100,68 @@ def test_resume_refuses_another_runs_journal(tmp_path):
     assert code == 2 and "another run's" in output, output
 
 
+#: The uninterrupted reports the killed-and-resumed runs are compared with, made once per arguments.
+_FRESH: dict[tuple, dict] = {}
+
+
+def fresh_report(tmp_path: Path, args: list[str], report_option: str, report_name: str) -> tuple[int, dict]:
+    if tuple(args) not in _FRESH:
+        where = tmp_path / "fresh"
+        code, output = finish(lossless_check(*args, report_option, str(where if report_option == "--out" else
+                                                                        where.with_suffix(".json"))))
+        path = where / report_name if report_option == "--out" else where.with_suffix(".json")
+        _FRESH[tuple(args)] = code, without_timings(json.loads(path.read_text()))
+    return _FRESH[tuple(args)]
+
+
+def kill(running: subprocess.Popen, how: signal.Signals) -> tuple[int, str]:
+    """SIGTERM as a CI time-out sends it; SIGKILL to the run's process alone, as an OOM killer does: its
+    workers must then stop by themselves."""
+    running.send_signal(how)
+    code, output = finish(running, timeout=60)
+    deadline = time.monotonic() + 30
+    while True:  # every process the run started is gone
+        try:
+            os.killpg(running.pid, 0)
+        except ProcessLookupError:
+            return code, output
+        assert time.monotonic() < deadline, "a worker outlived its killed run"
+        time.sleep(0.2)
+
+
+def kept_chunks(directory: Path) -> int:
+    return len(list(directory.glob("*.pkl"))) if directory.is_dir() else 0
+
+
 @needs(DFLASH)
-def test_sigterm_during_a_split_case_and_resume_give_the_uninterrupted_report(tmp_path):
-    """A case split across two workers (lossless_check/scheduler.py), stopped while its chunks run: the
-    finished case beside it is kept, the split case runs again on resume."""
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_split_case_killed_midway_resumes_from_its_finished_chunks(tmp_path, how):
+    """A case split across two workers (lossless_check/scheduler.py), killed about halfway through its
+    chunks: the finished case beside it and the split case's finished chunks are kept, and the resumed
+    run ends with the uninterrupted report."""
     # The mutant first: of two cases of equal estimate the first runs whole (two cases, two workers),
     # and stops within a few hundred trials; the second, lossless, splits (one case left, two workers).
     args = ["run", "--generator", "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits", "--generator",
             "DFlashTokenCandidateGenerator", "--warpers", "top_k=3", "--scenario", "iid8", "--samples", "48000",
             "--workers", "2", "--quiet", "--no-verifier", "--table", "full"]
     report, journal = tmp_path / "r.json", tmp_path / "r.json.journal.jsonl"
-    running = lossless_check(*args, "--json", str(report))
+    chunks = tmp_path / "r.json.journal.chunks"
+    running = lossless_check(*args, "--json", str(report), start_new_session=True)
     deadline = time.monotonic() + 300
-    while not (journal.exists() and len(journal.read_text().splitlines()) >= 2):  # header + the mutant
+    # The split case has 51 chunks (lossless_check.engine.chunk_sizes): stop it with about half done.
+    while not (journal.exists() and len(journal.read_text().splitlines()) >= 2 and kept_chunks(chunks) >= 25):
         assert running.poll() is None and time.monotonic() < deadline, finish(running)
         time.sleep(0.1)
-    running.send_signal(signal.SIGTERM)
-    code, output = finish(running, timeout=60)
-    assert code == 4 and "--resume" in output, output
-    assert [c["verdict"] for c in json.loads(report.read_text())["cases"]] == ["not_lossless", "unfinished"]
-    assert finish(lossless_check(*args, "--json", str(report), "--resume"))[0] == 1
-    fresh = tmp_path / "fresh.json"
-    assert finish(lossless_check(*args, "--json", str(fresh)))[0] == 1
-    assert without_timings(json.loads(report.read_text())) == without_timings(json.loads(fresh.read_text()))
+    code, output = kill(running, how)
+    if how == signal.SIGTERM:
+        assert code == 4 and "--resume" in output, output
+        assert [c["verdict"] for c in json.loads(report.read_text())["cases"]] == ["not_lossless", "unfinished"]
+    kept = kept_chunks(chunks)
+    assert 25 <= kept < 51
+    code, output = finish(lossless_check(*args, "--json", str(report), "--resume"))
+    assert code == 1 and f"resuming: 1 of 2 cases finished, {kept} finished chunks of the others kept" in output, output
+    assert without_timings(json.loads(report.read_text())) == fresh_report(tmp_path, args, "--json", "")[1]
+    assert not chunks.exists()  # a finished run keeps its report and journal, not its chunks
 
 
 def test_a_resumed_case_collects_only_the_chunks_not_kept_and_ends_as_an_uninterrupted_one(tmp_path, monkeypatch):
