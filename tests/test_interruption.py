@@ -42,10 +42,15 @@ def finish(process: subprocess.Popen, timeout: float = 600) -> tuple[int, str]:
 
 
 def without_timings(report: dict) -> dict:
-    for case in report["cases"]:
-        for key in TIMINGS:
-            case.pop(key, None)
-    return report
+    """``report`` without the time anything took, at any depth (a provenance sub-verdict has its own)."""
+    def strip(value):
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k not in TIMINGS}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    return {**report, "cases": strip(report["cases"])}
 
 
 def test_an_unwritable_report_path_fails_at_once(tmp_path):
@@ -209,3 +214,25 @@ def test_a_kept_chunk_is_read_back_only_under_the_facts_it_was_collected_under(t
     assert store.load("case", None, 1) is None and store.kept("case", None) == [0, 1]
     store.discard("case")
     assert store.count() == 0
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_gate_with_generate_mode_cases_killed_midway_resumes_to_the_uninterrupted_report(tmp_path, how):
+    args = ["gate", "--generator", "AssistedCandidateGenerator", "--matrix", "smoke", "--scenario", "iid8",
+            "--samples", "2000", "--generate-samples", "300", "--workers", "2", "--quiet", "--no-verifier"]
+    out = tmp_path / "gate"
+    running = lossless_check(*args, "--out", str(out), start_new_session=True)
+    deadline = time.monotonic() + 300
+    journal, chunks = out / "journal.jsonl", out / "journal.chunks"
+    # The generate-mode cases start first (longest first); stop with some finished, others midway.
+    while not (journal.exists() and len(journal.read_text().splitlines()) >= 3 and kept_chunks(chunks) >= 1):
+        assert running.poll() is None and time.monotonic() < deadline, finish(running)
+        time.sleep(0.1)
+    code, output = kill(running, how)
+    assert code == (4 if how == signal.SIGTERM else -signal.SIGKILL), output
+    finished = len(journal.read_text().splitlines()) - 1
+    assert any('"mode": "generate"' in line for line in journal.read_text().splitlines()[1:])
+    code, output = finish(lossless_check(*args, "--out", str(out), "--resume"))
+    assert code == 0 and f"resuming: {finished} of 6 cases finished" in output, output
+    expected = fresh_report(tmp_path, args, "--out", "report.json")
+    assert (code, without_timings(json.loads((out / "report.json").read_text()))) == expected
