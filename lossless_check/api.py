@@ -61,6 +61,16 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
     into one) stops the workers and raises :class:`RunInterrupted`. ``backend="ray"`` runs the case
     tasks on Ray (``address``: an existing cluster; default a local instance of ``workers`` CPUs).
     """
+    if chunks is None and journal is None and backend == "ray":
+        # A task Ray retries (its node lost) reads back the chunks it kept before: a run without a
+        # journal keeps them for its own length, here (a node sharing this file system sees them).
+        import tempfile
+
+        from .journal import ChunkStore
+
+        with tempfile.TemporaryDirectory(prefix="lossless-chunks-") as kept:
+            return run_cases(cases, samples, alpha, seed, workers, progress, sequential, timeout, batch_size,
+                             samples_by_mode, journal, backend, address, verifier, ChunkStore(kept))
     _check_processors(cases)
     statistical = [c.mode in STATISTICAL_MODES for c in cases]
     informative = evidence_plan(cases)

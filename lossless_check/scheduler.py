@@ -169,8 +169,11 @@ class SplitCase:
 class Scheduler:
     """Runs a run's tasks on ``slots`` workers through ``submit``; see the module's docstring."""
 
-    def __init__(self, submit: Callable[..., Future], slots: int):
+    def __init__(self, submit: Callable[..., Future], slots: int, split_every: bool = False):
         self.submit, self.slots = submit, slots
+        #: Split every case that can split, not only where it pays in time: on a cluster, so that a lost
+        #: node costs the chunks it was running, never a whole case (:mod:`lossless_check.ray_backend`).
+        self.split_every = split_every
         #: Chunk tasks still running when :meth:`map` returned (a split case stopped before them).
         self.abandoned: list[Future] = []
 
@@ -207,8 +210,8 @@ class Scheduler:
                 if found is None and unstarted:
                     i = unstarted.pop(0)
                     run = None
-                    if split is not None and i not in whole and should_split(
-                            costs[i], costs[i] + sum(costs[j] for j in unstarted), len(unstarted) + 1, self.slots):
+                    if split is not None and i not in whole and (self.split_every or should_split(
+                            costs[i], costs[i] + sum(costs[j] for j in unstarted), len(unstarted) + 1, self.slots)):
                         run = split(*arguments[i])
                     if run is None:
                         launch(task, arguments[i], ("case", i))
