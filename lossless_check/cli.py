@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
             from .sweep import check_history_paths
 
             check_history_paths(args, _precheck)
-        if args.command in ("run", "gate"):
+        if args.command in ("run", "gate", "fuzz", "sweep"):
             import signal
 
             # A CI time-out or a pre-empted node sends SIGTERM: stop as for Ctrl-C, keeping what finished.

@@ -51,32 +51,57 @@ def run_identity(cases, samples: int, alpha: float, seed: int, sequential: bool,
             **versions(), "cases": [case.key for case in cases]}
 
 
-class Journal:
-    """The finished cases of one run (:attr:`done`, by case index), appended to ``path`` as they finish,
-    and the finished chunks of its other cases (:attr:`chunks`)."""
+class EntryLog:
+    """An append-only file of JSON entries (:attr:`entries`) under a header naming the run (``identity``),
+    each entry on disk before :meth:`append` returns; and a :class:`ChunkStore` beside it (:attr:`chunks`).
+
+    ``resume``: read back the entries of the same run (another run's header is a usage error); else start
+    afresh, forgetting what was there.
+    """
 
     def __init__(self, path: str | Path, identity: dict, resume: bool):
         self.path = Path(path)
-        self.done: dict[int, CaseResult] = {}
-        self.cases: list[str] = identity.get("cases", [])
         self.chunks = ChunkStore(self.path.with_name(self.path.stem + ".chunks"))
+        self.entries: list[dict] = []
         if resume:
             if not self.path.exists():
                 raise UsageError(f"nothing to resume: no journal at {self.path}")
             lines = self.path.read_text().splitlines()
             header = json.loads(lines[0]) if lines else None
-            if header != identity:
+            if header != json.loads(json.dumps(identity)):
                 raise UsageError(f"the journal at {self.path} is another run's (other cases, seed, alpha, samples or "
                                  "release): run without --resume to start afresh")
             for line in lines[1:]:
                 try:
-                    entry = json.loads(line)
+                    self.entries.append(json.loads(line))
                 except json.JSONDecodeError:  # the last line of a run killed while writing it
                     continue
-                self.done[entry["index"]] = result_from_dict(entry)
         else:
             self.chunks.clear()
-            self.path.write_text(json.dumps(identity) + "\n")
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.unlink(missing_ok=True)
+            self._write(identity)
+
+    def append(self, entry: dict) -> None:
+        """Append one entry, on disk before this returns."""
+        self._write(entry)
+        self.entries.append(entry)
+
+    def _write(self, entry: dict) -> None:
+        with open(self.path, "a") as handle:
+            handle.write(json.dumps(entry) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+class Journal(EntryLog):
+    """The finished cases of one run (:attr:`done`, by case index), appended to ``path`` as they finish,
+    and the finished chunks of its other cases (:attr:`chunks`)."""
+
+    def __init__(self, path: str | Path, identity: dict, resume: bool):
+        super().__init__(path, identity, resume)
+        self.cases: list[str] = identity.get("cases", [])
+        self.done: dict[int, CaseResult] = {entry["index"]: result_from_dict(entry) for entry in self.entries}
 
     def kept(self) -> str:
         """What a resumed run starts from, in words."""
@@ -85,10 +110,7 @@ class Journal:
 
     def record(self, index: int, result: CaseResult) -> None:
         """Append one finished case, on disk before this returns; its chunks are no longer needed."""
-        with open(self.path, "a") as handle:
-            handle.write(json.dumps({"index": index, **result_to_dict(result)}) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        self._write({"index": index, **result_to_dict(result)})
         self.done[index] = result
         if len(self.done) == len(self.cases):
             self.chunks.clear()

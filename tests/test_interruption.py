@@ -236,3 +236,31 @@ def test_a_gate_with_generate_mode_cases_killed_midway_resumes_to_the_uninterrup
     assert code == 0 and f"resuming: {finished} of 6 cases finished" in output, output
     expected = fresh_report(tmp_path, args, "--out", "report.json")
     assert (code, without_timings(json.loads((out / "report.json").read_text()))) == expected
+
+
+def test_a_fuzz_search_killed_midway_resumes_to_the_uninterrupted_result(tmp_path):
+    """SIGKILL with some stacks checked: ``fuzz --resume`` checks only the others (each statistical test at
+    the alpha the uninterrupted search gave it) and ends with the uninterrupted search's JSON."""
+    args = ["fuzz", "--generator", "AssistedCandidateGenerator", "--examples", "8", "--samples", "1000", "--scenario",
+            "iid8", "--quiet"]
+
+    def result(path: Path) -> dict:
+        strip = lambda v: ({k: strip(x) for k, x in v.items() if k not in TIMINGS} if isinstance(v, dict)  # noqa: E731
+                           else [strip(x) for x in v] if isinstance(v, list) else v)
+        return strip(json.loads(path.read_text()))
+
+    database = tmp_path / "db"
+    running = lossless_check(*args, "--database", str(database), "--json", str(tmp_path / "killed.json"),
+                             start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not (list(database.glob("journal-*.jsonl"))
+               and len(next(database.glob("journal-*.jsonl")).read_text().splitlines()) >= 16):
+        assert running.poll() is None and time.monotonic() < deadline, finish(running)
+        time.sleep(0.1)
+    kill(running, signal.SIGKILL)
+    code, output = finish(lossless_check(*args, "--database", str(database), "--json", str(tmp_path / "r.json"),
+                                         "--resume"))
+    assert code == 0 and "resuming: " in output, output
+    assert finish(lossless_check(*args, "--database", str(tmp_path / "fresh-db"), "--json",
+                                 str(tmp_path / "fresh.json")))[0] == 0
+    assert result(tmp_path / "r.json") == result(tmp_path / "fresh.json")
