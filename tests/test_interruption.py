@@ -264,3 +264,33 @@ def test_a_fuzz_search_killed_midway_resumes_to_the_uninterrupted_result(tmp_pat
     assert finish(lossless_check(*args, "--database", str(tmp_path / "fresh-db"), "--json",
                                  str(tmp_path / "fresh.json")))[0] == 0
     assert result(tmp_path / "r.json") == result(tmp_path / "fresh.json")
+
+
+def test_a_sweep_resumed_continues_a_release_run_that_was_killed(tmp_path, monkeypatch):
+    """``sweep --resume``: a release's run killed midway (SIGKILL) goes on from its journal and chunks
+    (``run --resume``), and its report is the uninterrupted run's."""
+    import transformers
+
+    from lossless_check import sweep as history
+
+    release = transformers.__version__  # the installed release runs in this interpreter: no environment to build
+    args = ["run", "--generator", "AssistedCandidateGenerator", "--warpers", "top_k=3", "--warpers", "temperature=0.6",
+            "--scenario", "iid8", "--samples", "3000", "--seed", "0", "--no-verifier"]
+    work = tmp_path / "work"
+    work.mkdir()
+    report = work / f"{release}-step.json"
+    journal = Path(f"{report}.journal.jsonl")
+    running = lossless_check(*args, "--json", str(report), start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not (journal.exists() and len(journal.read_text().splitlines()) >= 2):
+        assert running.poll() is None and time.monotonic() < deadline, finish(running)
+        time.sleep(0.05)
+    kill(running, signal.SIGKILL)
+    ran = []
+    real = history.run_in
+    monkeypatch.setattr(history, "run_in", lambda python, release, args, *rest: ran.append(args) or real(
+        python, release, args, *rest))
+    results = history.sweep([release], ["step"], {"step": args}, work, say=lambda line: None, resume=True)
+    assert ran == [args + ["--resume"]]
+    code, _ = finish(lossless_check(*args, "--json", str(tmp_path / "fresh.json")))
+    assert without_timings(results[release]["step"]) == without_timings(json.loads((tmp_path / "fresh.json").read_text()))
