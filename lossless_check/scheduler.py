@@ -152,8 +152,10 @@ class SplitCase:
         return None
 
     def deliver(self, state, chunk: int, outcome: tuple) -> None:
-        """A chunk a worker finished: kept (on disk, where the run keeps chunks) before the looks see it."""
-        self.run.keep(state, chunk, outcome)
+        """A chunk a worker finished: kept (on disk, where the run keeps chunks) before the looks see it,
+        unless the case is decided (a chunk collected ahead that it did not need)."""
+        if self.result is None:
+            self.run.keep(state, chunk, outcome)
         with self.cond:
             if state == self.state:
                 self.outcomes[chunk] = outcome
