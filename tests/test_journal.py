@@ -36,3 +36,22 @@ def test_a_journal_entry_names_only_the_librarys_result_classes():
 
     with pytest.raises(ValueError):
         result_from_dict({"class": "os:system", "result": {}})
+
+
+def test_an_entry_log_reads_back_its_own_runs_entries_only(tmp_path):
+    from lossless_check.errors import UsageError
+    from lossless_check.journal import EntryLog
+
+    log = EntryLog(tmp_path / "j.jsonl", {"seed": 0}, resume=False)
+    log.chunks.save("case", None, 0, [1], None)
+    log.append({"stack": "top_k=3"})
+    with open(log.path, "a") as handle:
+        handle.write('{"stack": "half a li')  # the line a SIGKILL cut
+    again = EntryLog(tmp_path / "j.jsonl", {"seed": 0}, resume=True)
+    assert again.entries == [{"stack": "top_k=3"}] and again.chunks.count() == 1
+    with pytest.raises(UsageError, match="another run's"):
+        EntryLog(tmp_path / "j.jsonl", {"seed": 1}, resume=True)
+    with pytest.raises(UsageError, match="nothing to resume"):
+        EntryLog(tmp_path / "none.jsonl", {"seed": 0}, resume=True)
+    fresh = EntryLog(tmp_path / "j.jsonl", {"seed": 1}, resume=False)  # a new run forgets the old one's work
+    assert fresh.entries == [] and fresh.chunks.count() == 0
