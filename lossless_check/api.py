@@ -57,8 +57,8 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
     ``journal`` (a :class:`~lossless_check.journal.Journal`): its finished cases are not run again, and
     each case is recorded there as it finishes; within the others, the chunks its store keeps are not
     collected again, and each chunk is kept there as it finishes (``chunks``: another
-    :class:`~lossless_check.journal.ChunkStore`, for a run without a journal). A ``KeyboardInterrupt`` (SIGINT; the CLI turns SIGTERM
-    into one) stops the workers and raises :class:`RunInterrupted`. ``backend="ray"`` runs the case
+    :class:`~lossless_check.journal.ChunkStore`, for a run without a journal). A ``KeyboardInterrupt``
+    (SIGINT; the CLI turns SIGTERM into one) stops the workers and raises :class:`RunInterrupted`. ``backend="ray"`` runs the case
     tasks on Ray (``address``: an existing cluster; default a local instance of ``workers`` CPUs).
     """
     if chunks is None and journal is None and backend == "ray":

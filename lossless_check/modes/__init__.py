@@ -107,5 +107,5 @@ def chunked_run(case: Case, samples: int, seed: int, alpha_case: float, sequenti
 
     if step_skip(case) is not None:
         return None
-    return StepRun(case, samples, seed, alpha_case, sequential, timeout, BATCH_SIZE if batch_size is None else batch_size,
-                   store)
+    batch_size = BATCH_SIZE if batch_size is None else batch_size
+    return StepRun(case, samples, seed, alpha_case, sequential, timeout, batch_size, store)
