@@ -1,6 +1,7 @@
 """What a kill costs: a run killed about halfway, then ``--resume``, against the same run uninterrupted.
 
     python benchmarks/resume_after_kill.py [--command run|gate] [--signals TERM,KILL] [--fraction 0.5] [--json PATH]
+                                           [--also "--matrix smoke --scenario iid8"]
 
 ``run``: ``lossless-check run --generator AssistedCandidateGenerator --matrix default --workers 2``
 (48 cases; the two real-vocabulary cases, zipf32k and lm49k, start first and are split over both
@@ -66,8 +67,9 @@ def main() -> None:
     parser.add_argument("--signals", default="TERM,KILL")
     parser.add_argument("--fraction", type=float, default=0.5)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--also", default="", help="arguments added to the command (a smaller matrix)")
     options = parser.parse_args()
-    base = COMMANDS[options.command]
+    base = COMMANDS[options.command] + options.also.split()
     flag = "--out" if options.command == "gate" else "--json"
     figures = {"command": "lossless-check " + " ".join(base)}
     with tempfile.TemporaryDirectory() as folder:
