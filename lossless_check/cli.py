@@ -159,7 +159,7 @@ def _check_paths(args) -> None:
 
     if getattr(args, "json", None):
         check_writable_file(args.json, "--json")
-    for option in ("out", "repro"):
+    for option in ("out", "repro", "database"):  # fuzz keeps its journal in its --database
         if getattr(args, option, None) and args.command != "repro":
             check_writable_dir(getattr(args, option), f"--{option}")
     if args.command == "repro":

@@ -58,7 +58,8 @@ def test_an_unwritable_report_path_fails_at_once(tmp_path):
     for args in (["run", "--json", "/nonexistent/dir/x.json"], ["run", "--json", str(tmp_path)],
                  ["gate", "--generator", "AssistedCandidateGenerator", "--out", "/proc/lossless-gate"],
                  ["gate", "--generator", "AssistedCandidateGenerator", "--out", str(tmp_path / "a-file" / "gate")],
-                 ["run", "--repro", "/proc/repros"], ["run", "--resume", "--warpers", "top_k=3"]):
+                 ["run", "--repro", "/proc/repros"], ["run", "--resume", "--warpers", "top_k=3"],
+                 ["fuzz", "--generator", "AssistedCandidateGenerator", "--database", "/proc/fuzz"]):
         started = time.perf_counter()
         code, output = finish(lossless_check(*args))
         assert code == 2 and time.perf_counter() - started < 2, (args, output)
