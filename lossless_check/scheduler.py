@@ -13,8 +13,8 @@ A split case's looks run in a thread of this process: the very loop a whole case
 (:func:`~lossless_check.engine.run_in_chunks`, in the mode's ``run(fetch)``), fed its chunks in chunk
 order whatever order they finish in. This process keeps each chunk a worker returns
 (``run.keep``) and starts from the chunks an interrupted run kept (``run.kept_outcomes``): a node
-that shares no file system with this one loses nothing either. A chunk's trials are a function of its seed alone, so the
-result is the unsplit run's, whatever the number of workers. A chunk collected under other
+that shares no file system with this one loses nothing either. A chunk's trials are a function of
+its seed alone, so the result is the unsplit run's, whatever the number of workers. A chunk collected under other
 ``facts`` than this process's (a fast tokenizer's vocabulary order is random per process) would not
 be, so such a case runs whole instead.
 """
