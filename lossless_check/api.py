@@ -43,7 +43,8 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
               progress: Callable[[int], None] | None = None, sequential: bool = True,
               timeout: float = CHUNK_TIMEOUT, batch_size: int | None = None,
               samples_by_mode: dict[str, int] | None = None, journal=None, backend: str = "local",
-              address: str | None = None, verifier: bool = False, verifier_gates: bool = False) -> RunResult:
+              address: str | None = None, verifier: bool = False, verifier_gates: bool = False,
+              chunks=None) -> RunResult:
     """Run cases of any mode on one engine; the family-wise decision covers every statistical case.
 
     ``verifier``: add the exact check of the installed ``_speculative_sampling`` as the last row
@@ -56,10 +57,22 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
 
     ``progress(trials)`` is called as each case completes, with the trials it ran. Results do not depend on ``workers``.
     ``journal`` (a :class:`~lossless_check.journal.Journal`): its finished cases are not run again, and
-    each case is recorded there as it finishes. A ``KeyboardInterrupt`` (SIGINT; the CLI turns SIGTERM
-    into one) stops the workers and raises :class:`RunInterrupted`. ``backend="ray"`` runs the case
+    each case is recorded there as it finishes; within the others, the chunks its store keeps are not
+    collected again, and each chunk is kept there as it finishes (``chunks``: another
+    :class:`~lossless_check.journal.ChunkStore`, for a run without a journal). A ``KeyboardInterrupt``
+    (SIGINT; the CLI turns SIGTERM into one) stops the workers and raises :class:`RunInterrupted`. ``backend="ray"`` runs the case
     tasks on Ray (``address``: an existing cluster; default a local instance of ``workers`` CPUs).
     """
+    if chunks is None and journal is None and backend == "ray":
+        # A task Ray retries (its node lost) reads back the chunks it kept before: a run without a
+        # journal keeps them for its own length, here (a node sharing this file system sees them).
+        import tempfile
+
+        from .journal import ChunkStore
+
+        with tempfile.TemporaryDirectory(prefix="lossless-chunks-") as kept:
+            return run_cases(cases, samples, alpha, seed, workers, progress, sequential, timeout, batch_size,
+                             samples_by_mode, journal, backend, address, verifier, ChunkStore(kept))
     _check_processors(cases)
     statistical = [c.mode in STATISTICAL_MODES for c in cases]
     informative = evidence_plan(cases)
@@ -71,6 +84,7 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
     tasks = [replace(c, mode="step") if c.mode == "all" else c for c in cases]
     results: list = [None if journal is None else journal.done.get(i) for i in range(len(cases))]
     todo = [i for i, r in enumerate(results) if r is None]
+    chunks = chunks if chunks is not None or journal is None else journal.chunks
     planned = [(samples_by_mode or {}).get(t.mode, samples) for t in tasks]
 
     def finished(k: int, result: CaseResult) -> None:
@@ -80,7 +94,7 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
 
     try:
         with make_engine(workers, backend, address) as engine:
-            engine.map(run_case, [(tasks[i], planned[i], seed, alpha_case, sequential, timeout, batch_size)
+            engine.map(run_case, [(tasks[i], planned[i], seed, alpha_case, sequential, timeout, batch_size, chunks)
                                   for i in todo], progress,
                        cost=[_work_estimate(tasks[i], planned[i]) for i in todo], finished=finished,
                        split=chunked_run)

@@ -179,7 +179,7 @@ def _check_paths(args) -> None:
 
     if getattr(args, "json", None):
         check_writable_file(args.json, "--json")
-    for option in ("out", "repro", "database"):
+    for option in ("out", "repro", "database"):  # fuzz keeps its journal in its --database
         if getattr(args, option, None) and args.command != "repro":
             check_writable_dir(getattr(args, option), f"--{option}")
     if args.command == "repro":
@@ -253,6 +253,8 @@ def _run(args) -> int:
     if args.json:
         identity = run_identity(cases, args.samples, args.alpha, args.seed, sequential, args.batch_size)
         journal = Journal(journal_for(args.json), identity, args.resume)
+        if args.resume:
+            print(f"lossless-check: resuming: {journal.kept()}", file=sys.stderr)
     try:
         with progress_reporter(len(cases) - len(journal.done if journal else ()), args.quiet) as advance:
             result = run_cases(cases, args.samples, args.alpha, args.seed, args.workers, advance, sequential,
@@ -278,9 +280,9 @@ def _interrupted(partial, json_path, table: str) -> int:
     print_table(partial, table=table)
     if json_path:
         write_json(partial, json_path)
+    kept = f" and are in {json_path} (the finished chunks of the others beside it)" if json_path else ""
     print(f"lossless-check: interrupted: {sum(c.verdict != 'unfinished' for c in partial.cases)} of "
-          f"{len(partial.cases)} cases finished{' and are in ' + json_path if json_path else ''}; the same command "
-          "with --resume continues", file=sys.stderr)
+          f"{len(partial.cases)} cases finished{kept}; the same command with --resume continues", file=sys.stderr)
     return EXIT_INTERRUPTED
 
 
@@ -365,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
             from .sweep import check_history_paths
 
             check_history_paths(args, _precheck)
-        if args.command in ("run", "gate"):
+        if args.command in ("run", "gate", "fuzz", "sweep"):
             import signal
 
             # A CI time-out or a pre-empted node sends SIGTERM: stop as for Ctrl-C, keeping what finished.

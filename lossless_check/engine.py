@@ -15,6 +15,7 @@ import hashlib
 import multiprocessing
 import signal
 import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from typing import Callable
@@ -100,6 +101,25 @@ def within_deadline(timeout: float, collect: Callable[[int, int, int], object]) 
             return collect(chunk, size, chunk_seed)
 
     return fetch
+
+
+def kept(store, case, fetch: Callable[[int, int, int], object], state: Callable[[], object] = lambda: None,
+         facts: Callable[[], object] = lambda: None) -> Callable[[int, int, int], object]:
+    """``fetch`` through ``store`` (a :class:`~lossless_check.journal.ChunkStore`, or ``None``): a chunk
+    kept there under the case's ``state()`` and ``facts()`` is read back, not collected again, and one
+    collected is kept as soon as it is finished."""
+    if store is None:
+        return fetch
+
+    def fetch_kept(chunk: int, size: int, chunk_seed: int):
+        found = store.load(case.key, state(), chunk)
+        if found is not None and found[1] == facts():
+            return found[0]
+        observations = fetch(chunk, size, chunk_seed)
+        store.save(case.key, state(), chunk, observations, facts())
+        return observations
+
+    return fetch_kept
 
 
 def run_in_chunks(case, samples: int, seed: int, sequential: bool,
@@ -232,9 +252,27 @@ def one_thread():
         torch.set_num_threads(previous)
 
 
+#: Seconds between a worker's checks that the run that started it is still there.
+ORPHAN_POLL_SECONDS = 1.0
+
+
 def _init_worker() -> None:
     """Initializer of a worker process of a run's pool."""
+    import os
+
     import torch
+
+    # A run killed outright (SIGKILL: an OOM killer, a CI time-out) cannot stop its workers: each
+    # stops itself once its parent is gone, instead of burning a core on a case no one will read
+    # (and racing the resumed run for the machine).
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(ORPHAN_POLL_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="lossless-orphan-watch", daemon=True).start()
 
     # Each worker owns one core: a torch thread pool per worker would oversubscribe.
     torch.set_num_threads(1)

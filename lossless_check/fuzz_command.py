@@ -26,23 +26,38 @@ def add_fuzz_command(sub, default_scenario: str) -> None:
                            f"(default {DEFAULT_DATABASE})")
     fuzz.add_argument("--json", metavar="PATH", help="write the result (every stack checked) here")
     fuzz.add_argument("--quiet", action="store_true", help="no progress")
+    fuzz.add_argument("--resume", action="store_true",
+                      help="continue an interrupted search with the same arguments from the journal it keeps in "
+                           "--database DIR; the result is the uninterrupted search's")
 
 
 def fuzz_command(args) -> int:
     """Exit 0 when no stack was found that the generator is not lossless under (or raises under), 1 when
     one was. The installed verifier's state is reported beside the verdict (never deciding the exit code)."""
     import json
+    import sys
 
-    from .fuzzing import fuzz
-    from .journal import write_atomically
+    from .fuzzing import fuzz, journal_identity, journal_path
+    from .journal import EntryLog, write_atomically
     from .progress import progress_reporter
     from .report import beside_line
     from .verifier_report import verifier_row
 
-    # No total, so no ETA: the search stops at its first failure, and shrinking adds tests of its own.
-    with progress_reporter(None, args.quiet) as advance:
-        result = fuzz(args.generator, args.examples, args.samples, args.scenario, args.seed, args.alpha,
-                      args.database, advance)
+    identity = journal_identity(args.generator, args.examples, args.samples, args.scenario, args.seed, args.alpha)
+    journal = EntryLog(journal_path(args.database, args.generator, args.scenario), identity, args.resume)
+    if args.resume:
+        print(f"lossless-check: resuming: {len({e['stack'] for e in journal.entries})} stacks checked, "
+              f"{journal.chunks.count()} finished chunks of the next kept", file=sys.stderr)
+    try:
+        # No total, so no ETA: the search stops at its first failure, and shrinking adds tests of its own.
+        with progress_reporter(None, args.quiet) as advance:
+            result = fuzz(args.generator, args.examples, args.samples, args.scenario, args.seed, args.alpha,
+                          args.database, advance, journal)
+    except KeyboardInterrupt:
+        print(f"lossless-check: interrupted: the stacks checked are kept in {journal.path}; the same command with "
+              "--resume continues", file=sys.stderr)
+        return 4
+    journal.chunks.clear()  # the search is over: its records stay, no test is left midway
     verifier = verifier_row(args.scenario, subject=False)
     print(result.summary())
     print(beside_line(verifier))

@@ -32,11 +32,16 @@ directory) and replayed first the next time; hypothesis's own caches go there to
 
 A generator that raises or times out is an ``error``, not a losslessness verdict (``alpha`` does not
 cover it): the search reports the minimal stack where it does, as an error (exit code 1 all the same).
+
+A search that is killed keeps every stack it checked, and the finished chunks of the test it was
+running (:func:`journal_path`, in the database); resumed, it replays the same search (hypothesis is
+seeded) and reads those back instead of checking them again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import shlex
 import time
@@ -134,15 +139,18 @@ class _Found(Exception):
 class _Examiner:
     """Checks stacks for one fuzz run; every verdict cached by spec (hypothesis revisits stacks)."""
 
-    def __init__(self, generator: str, scenario: str, samples: int, alpha: float, seed: int, progress):
+    def __init__(self, generator: str, scenario: str, samples: int, alpha: float, seed: int, progress, journal=None):
         from .adapters import resolve_generator
         from .api import resolve_scenario
 
         self.spec, self.samples, self.alpha, self.seed, self.progress = generator, samples, alpha, seed, progress
         self.generator = resolve_generator(generator)
         self.scenario_name, self.scenario = scenario, resolve_scenario(scenario)
-        self.records: dict[str, dict] = {}
-        self.tests = 0
+        # What an interrupted search checked (its last entry per stack): read back, not checked again, so
+        # each statistical test keeps the alpha it was made at, and new ones take the next ones.
+        self.journal = journal
+        self.records: dict[str, dict] = {e["stack"]: e for e in (journal.entries if journal is not None else [])}
+        self.tests = sum("verdict" in r for r in self.records.values())
 
     def case(self, stack: dict[str, Any]):
         from .results import Case
@@ -156,6 +164,7 @@ class _Examiner:
         if spec not in self.records:
             self.records[spec] = {"stack": spec, "options": len([k for k in stack if k != "eos_token_id"]),
                                   "vacuous": is_vacuous(self.case(stack))}
+            self.keep(self.records[spec])  # in the order hypothesis draws them: the result lists them so
         return self.records[spec]
 
     def exact(self, stack: dict[str, Any]) -> dict:
@@ -176,7 +185,13 @@ class _Examiner:
                 record["exact"], record["exact_reason"] = "not_applicable", str(exc)
             except GeneratorFailure as exc:
                 record["exact"], record["exact_reason"] = "error", str(exc)
+            self.keep(record)
         return record
+
+    def keep(self, record: dict) -> None:
+        """Journal a record as it is now (on disk before the search goes on)."""
+        if self.journal is not None:
+            self.journal.append(dict(record))
 
     def statistical(self, stack: dict[str, Any]) -> dict:
         """The record with its step-mode verdict, at the next alpha of the spending sequence."""
@@ -186,10 +201,15 @@ class _Examiner:
         if "verdict" not in record:
             self.tests += 1
             alpha = alpha_of_test(self.alpha, self.tests)
-            result = run_cases([self.case(stack)], self.samples, alpha, self.seed).cases[0]
+            chunks = self.journal.chunks if self.journal is not None else None
+            case = self.case(stack)
+            result = run_cases([case], self.samples, alpha, self.seed, chunks=chunks).cases[0]
             record.update(verdict=result.verdict, alpha=alpha, reason=result.reason, p_value=result.p_value,
                           tv=result.tv, tv_detectable=result.tv_detectable, seconds=result.seconds,
                           planned=self.samples, samples=result.samples)
+            self.keep(record)
+            if chunks is not None:
+                chunks.discard(case.key)
             self.progress(result.samples)
         return record
 
@@ -265,19 +285,36 @@ def _search(examiner: _Examiner, check: Callable[[dict], tuple[str, str] | None]
     return None
 
 
+def journal_identity(generator: str, examples: int, samples: int, scenario: str, seed: int, alpha: float) -> dict:
+    """What a fuzz run's journal must agree on before its records are reused."""
+    from .compat import versions
+
+    return {"fuzz": generator, "scenario": scenario, "examples": examples, "samples": samples, "seed": seed,
+            "alpha": alpha, **versions()}
+
+
+def journal_path(database: str, generator: str, scenario: str) -> Path:
+    """Where a fuzz run of ``generator`` on ``scenario`` keeps its journal: in its example database."""
+    digest = hashlib.sha256(f"{generator}|{scenario}".encode()).hexdigest()[:12]
+    return Path(database) / f"journal-{digest}.jsonl"
+
+
 def fuzz(generator: str, examples: int = DEFAULT_EXAMPLES, samples: int = DEFAULT_SAMPLES,
          scenario: str = DEFAULT_SCENARIO, seed: int = 0, alpha: float = DEFAULT_ALPHA,
-         database: str | None = DEFAULT_DATABASE, progress: Callable[[int], None] | None = None) -> FuzzResult:
+         database: str | None = DEFAULT_DATABASE, progress: Callable[[int], None] | None = None,
+         journal=None) -> FuzzResult:
     """Fuzz ``generator`` (a built-in name or ``module:attr``) over random warper stacks.
 
     Returns a :class:`FuzzResult`: ``lossless``, or ``not_lossless`` with the minimal failing
     ``stack`` (a ``--warpers`` spec), the ``reason`` and a ``reproduce`` command. The chance that a
     lossless generator is reported ``not_lossless`` is at most ``alpha`` (see the module docstring).
     ``database``: directory of hypothesis's example database (``None``: none). ``progress(trials)``
-    is called after each statistical test.
+    is called after each statistical test. ``journal`` (a :class:`~lossless_check.journal.EntryLog` of
+    :func:`journal_identity`): every stack's checks are kept there as they finish, and the chunks of the
+    statistical test running; the stacks it holds are not checked again (``lossless-check fuzz --resume``).
     """
     started = time.perf_counter()
-    examiner = _Examiner(generator, scenario, samples, alpha, seed, progress or (lambda trials: None))
+    examiner = _Examiner(generator, scenario, samples, alpha, seed, progress or (lambda trials: None), journal)
     identity = f"lossless-fuzz|{generator}|{scenario}"
     with _hypothesis_home(database):
         found = _search(examiner, lambda s: _exact_failure(examiner.exact(s)), identity + "|exact", examples, seed,

@@ -57,7 +57,8 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
     sequence at a time) runs ``generate_samples`` trials per case, to catch the large effects of bugs
     in the loop; each case reports the ``tv_detectable`` that gives. ``repro_dir``: write a standalone
     reproduction script there for every failing case that has one (:func:`lossless_check.repro.write_repros`).
-    Finished cases are journaled in ``out_dir`` (:data:`JOURNAL_NAME`); ``resume`` runs only the others.
+    Finished cases and chunks are journaled in ``out_dir`` (:data:`JOURNAL_NAME`, :mod:`lossless_check.journal`);
+    ``resume`` runs only the others.
     An interrupted gate writes its reports with what finished and raises :class:`~lossless_check.api.RunInterrupted`.
     ``verifier`` (default): the last row is the exact check of the installed ``_speculative_sampling``,
     reported beside the generator's cases; it decides the exit code too only with ``verifier_gates``.
@@ -83,6 +84,10 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     identity = {**run_identity(cases, samples, alpha, seed, sequential, batch_size), "samples_by_mode": by_mode}
     journal = Journal(Path(out_dir) / JOURNAL_NAME, identity, resume)
+    if resume:
+        import sys
+
+        print(f"lossless-check: resuming: {journal.kept()}", file=sys.stderr)
     try:
         result = run_cases(cases, samples, alpha, seed, workers, progress, sequential=sequential,
                            batch_size=batch_size, samples_by_mode=by_mode, journal=journal, backend=backend,

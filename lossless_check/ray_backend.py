@@ -3,9 +3,12 @@
 The same tasks as the local pool (:class:`~lossless_check.engine.Engine`), chosen by the same
 :class:`~lossless_check.scheduler.Scheduler`: one per case, or one per chunk of a case split across
 the cluster's CPUs, each seeded from the run seed, the case and the chunk alone, so a run gives the
-same JSON on Ray as on ``--workers W``. A worker or node lost mid-task costs a retry of that task
-(:data:`RETRIES`), never a case. The driver's ``sys.path`` goes to the workers, so ``module:attr``
-generators resolve there as here.
+same JSON on Ray as on ``--workers W``. Every case that can be split is (step mode: each chunk a
+task, its looks in the driver), so a worker or node lost mid-task costs Ray's retry of the chunks it
+was running (:data:`RETRIES`), never a case; a case that runs as one task (generate mode) resumes on
+retry from the chunks it kept, where the run keeps chunks on a file system its nodes share
+(:func:`lossless_check.api.run_cases`). The driver's ``sys.path`` goes to the workers, so
+``module:attr`` generators resolve there as here.
 """
 
 from __future__ import annotations
@@ -95,7 +98,7 @@ class RayEngine:
         """As :meth:`lossless_check.engine.Engine.map`, each task a Ray task."""
         from .scheduler import Scheduler
 
-        scheduler = Scheduler(self._submit, self.slots)
+        scheduler = Scheduler(self._submit, self.slots, split_every=True)
         try:
             with one_thread():  # a split case's looks run here, as they would in a worker
                 return scheduler.map(task, arguments, progress, cost, finished, split)

@@ -11,8 +11,10 @@ slots (workers). A slot holds one task at a time, and what a free slot takes nex
 
 A split case's looks run in a thread of this process: the very loop a whole case runs
 (:func:`~lossless_check.engine.run_in_chunks`, in the mode's ``run(fetch)``), fed its chunks in chunk
-order whatever order they finish in. A chunk's trials are a function of its seed alone, so the
-result is the unsplit run's, whatever the number of workers. A chunk collected under other
+order whatever order they finish in. This process keeps each chunk a worker returns
+(``run.keep``) and starts from the chunks an interrupted run kept (``run.kept_outcomes``): a node
+that shares no file system with this one loses nothing either. A chunk's trials are a function of
+its seed alone, so the result is the unsplit run's, whatever the number of workers. A chunk collected under other
 ``facts`` than this process's (a fast tokenizer's vocabulary order is random per process) would not
 be, so such a case runs whole instead.
 """
@@ -96,7 +98,7 @@ class SplitCase:
         self.ends = look_ends(run.samples, run.sequential)
         self.cond = threading.Condition()
         self.state = run.state
-        self.outcomes: dict[int, tuple] = {}
+        self.outcomes: dict[int, tuple] = run.kept_outcomes(self.state)  # what an interrupted run finished
         self.submitted: set[int] = set()
         self.wanted = 0
         self.over = False
@@ -121,7 +123,8 @@ class SplitCase:
         ``chunk_seed`` are the worker's to compute, from the same plan)."""
         with self.cond:
             if self.run.state != self.state:  # the case started again (at batch 1): new chunks
-                self.state, self.outcomes, self.submitted = self.run.state, {}, set()
+                self.state, self.submitted = self.run.state, set()
+                self.outcomes = self.run.kept_outcomes(self.state)
             self.wanted = chunk
             self.events.put(("need", self))
             while chunk not in self.outcomes and not self.over:
@@ -149,6 +152,10 @@ class SplitCase:
         return None
 
     def deliver(self, state, chunk: int, outcome: tuple) -> None:
+        """A chunk a worker finished: kept (on disk, where the run keeps chunks) before the looks see it,
+        unless the case is decided (a chunk collected ahead that it did not need)."""
+        if self.result is None:
+            self.run.keep(state, chunk, outcome)
         with self.cond:
             if state == self.state:
                 self.outcomes[chunk] = outcome
@@ -164,8 +171,11 @@ class SplitCase:
 class Scheduler:
     """Runs a run's tasks on ``slots`` workers through ``submit``; see the module's docstring."""
 
-    def __init__(self, submit: Callable[..., Future], slots: int):
+    def __init__(self, submit: Callable[..., Future], slots: int, split_every: bool = False):
         self.submit, self.slots = submit, slots
+        #: Split every case that can split, not only where it pays in time: on a cluster, so that a lost
+        #: node costs the chunks it was running, never a whole case (:mod:`lossless_check.ray_backend`).
+        self.split_every = split_every
         #: Chunk tasks still running when :meth:`map` returned (a split case stopped before them).
         self.abandoned: list[Future] = []
 
@@ -202,8 +212,8 @@ class Scheduler:
                 if found is None and unstarted:
                     i = unstarted.pop(0)
                     run = None
-                    if split is not None and i not in whole and should_split(
-                            costs[i], costs[i] + sum(costs[j] for j in unstarted), len(unstarted) + 1, self.slots):
+                    if split is not None and i not in whole and (self.split_every or should_split(
+                            costs[i], costs[i] + sum(costs[j] for j in unstarted), len(unstarted) + 1, self.slots)):
                         run = split(*arguments[i])
                     if run is None:
                         launch(task, arguments[i], ("case", i))

@@ -181,13 +181,16 @@ def reusable_report(path: Path, release: str, args: list[str], stacks: set[str])
 
 def sweep(releases: list[str], modes: list[str], run_args: dict[str, list[str]], work: Path,
           envs: Path | None = None, timeout: float = 1800, say=print, backend: str = "local",
-          address: str | None = None, workers: int = 1, reuse: set[str] | None = None) -> dict[str, dict]:
+          address: str | None = None, workers: int = 1, reuse: set[str] | None = None,
+          resume: bool = False) -> dict[str, dict]:
     """``{release: {mode: report or {"failed": why}, "seconds": wall}}``: ``run_args[mode]`` run in
     every release's environment (:func:`sweep_release`): ``workers`` releases at once on the local
     pool (default: one after another, here), or with ``backend="ray"`` a Ray task per release
     (``address``: an existing cluster), each using the environments cached on its node. The results
     are the same either way. ``reuse``: the matrix's warper stacks (formatted); a release whose every
-    mode has a :func:`reusable_report` in ``work`` is not run again (its wall time reads ``reused``)."""
+    mode has a :func:`reusable_report` in ``work`` is not run again (its wall time reads ``reused``).
+    ``resume``: a run that left a journal in ``work`` (killed, or interrupted) goes on from it
+    (``run --resume``: its finished cases and chunks are not run again)."""
     from .engine import make_engine
 
     work.mkdir(parents=True, exist_ok=True)
@@ -211,8 +214,14 @@ def sweep(releases: list[str], modes: list[str], run_args: dict[str, list[str]],
         failures = [f"{mode} failed ({result[mode]['failed']})" for mode in modes if "failed" in result[mode]]
         say(f"{release}: {result['seconds']:.0f} s" + (": " + "; ".join(failures) if failures else ""))
 
+    def arguments(release: str) -> dict[str, list[str]]:
+        from .journal import journal_for
+
+        kept = {mode for mode in modes if resume and journal_for(work / f"{release}-{mode}.json").exists()}
+        return {mode: run_args[mode] + (["--resume"] if mode in kept else []) for mode in modes}
+
     with make_engine(workers, backend, address) as engine:
-        engine.map(sweep_release, [(r, modes, run_args, work, envs, timeout) for r in to_run], finished=finished)
+        engine.map(sweep_release, [(r, modes, arguments(r), work, envs, timeout) for r in to_run], finished=finished)
     return {release: results[release] for release in releases}
 
 
@@ -382,6 +391,9 @@ def add_history_commands(sub, matrices, default_scenario: str, default_samples: 
                        help="keep a release's reports in --work when each is a finished run of these arguments "
                             "(release, seed, samples, the matrix's stacks), e.g. after an interrupted sweep; delete "
                             "the reports of releases whose results this checkout would change")
+    sweep.add_argument("--resume", action="store_true",
+                       help="continue an interrupted sweep with the same arguments: --reuse, and each release's run "
+                            "that was cut short goes on from the finished cases and chunks its journal in --work keeps")
     sweep.add_argument("--timeout", type=positive_int, default=1800, metavar="S", help="seconds per release and mode")
     sweep.add_argument("--backend", choices=("local", "ray"), default="local",
                        help="where releases run: one after another here (default), or a Ray task per release")
@@ -434,13 +446,18 @@ def history_command(args) -> int:
         run_args = {mode: ["run", "--matrix", args.matrix, "--mode", mode, "--seed", str(args.seed), "--samples",
                            str(args.generate_samples if mode == "generate" else args.samples)] for mode in args.modes}
         reuse = None
-        if args.reuse:
+        if args.reuse or args.resume:
             from .matrix import matrix
             from .warpers import format_warpers
 
             reuse = {format_warpers(stack) for stack in matrix(args.matrix)}
-        results = sweep(releases, args.modes, run_args, work, envs, args.timeout, say, args.backend,
-                        args.address, args.workers, reuse)
+        try:
+            results = sweep(releases, args.modes, run_args, work, envs, args.timeout, say, args.backend,
+                            args.address, args.workers, reuse, args.resume)
+        except KeyboardInterrupt:
+            print(f"lossless-check: interrupted: each finished release's reports, and the journal of each run cut "
+                  f"short, are in {work}; the same command with --resume continues", file=sys.stderr)
+            return 4
         command = "lossless-check " + " ".join(sys.argv[1:])
         from .journal import write_atomically
 

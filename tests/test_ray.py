@@ -69,3 +69,52 @@ def test_a_case_split_across_a_two_node_cluster_gives_the_unsplit_result(monkeyp
         ray.shutdown()
         cluster.shutdown()
     assert split == whole and [r["verdict"] for r in whole] == ["lossless", "not_lossless"]
+
+
+def test_a_node_lost_mid_run_costs_a_retry_of_its_chunk_not_of_the_case(tmp_path, monkeypatch):
+    """Two nodes; the one that is not the head is killed with the case about a third done: Ray retries
+    the chunk it was collecting, the rest of the case is not collected again, and the result is the
+    uninterrupted one's. Work is counted in rows drafted (fixtures/counting.py)."""
+    import dataclasses
+    import threading
+    import time
+
+    from lossless_check.api import cases_for, run_cases
+    from lossless_check.engine import chunk_sizes
+    from lossless_check.modes.replay import replays_per_chunk
+
+    samples = 8000  # 11 chunks
+    cases = cases_for(["fixtures.counting:CountingAssisted"], ["top_k=3"], None, "step", "iid8")
+    rows = lambda run: [{k: v for k, v in dataclasses.asdict(c).items() if k not in TIMINGS}  # noqa: E731
+                        for c in run.cases]
+    counted = lambda path: sum(int(line) for line in path.read_text().split()) if path.exists() else 0  # noqa: E731
+    monkeypatch.syspath_prepend(str(ROOT))
+    monkeypatch.setenv("LOSSLESS_TEST_COUNT", str(tmp_path / "whole"))
+    whole = rows(run_cases(cases, samples, 1e-6, 0))
+    work = counted(tmp_path / "whole")
+    one_chunk = max(size + replays for size, replays in zip(chunk_sizes(samples), replays_per_chunk(samples)))
+
+    monkeypatch.setenv("LOSSLESS_TEST_COUNT", str(tmp_path / "ray"))  # before the nodes start: their workers inherit it
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "include_dashboard": False,
+        "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 4}})
+    outcome: dict = {}
+    try:
+        node = cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        thread = threading.Thread(target=lambda: outcome.update(
+            run=run_cases(cases, samples, 1e-6, 0, backend="ray", address=cluster.address)))
+        thread.start()
+        deadline = time.monotonic() + 300
+        while counted(tmp_path / "ray") < work / 3:
+            assert thread.is_alive() and time.monotonic() < deadline
+            time.sleep(0.05)
+        cluster.remove_node(node, allow_graceful=False)
+        thread.join(timeout=600)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    assert rows(outcome["run"]) == whole and whole[0]["verdict"] == "lossless"
+    extra = counted(tmp_path / "ray") - work
+    print(f"rows drafted: {work} uninterrupted, {extra} more with a node lost; one chunk {one_chunk}")
+    assert 0 <= extra <= one_chunk < work / 5

@@ -72,21 +72,23 @@ def probe(case: Case, timeout: float = 600.0) -> str | None:
 
 
 def run_case(case: Case, samples: int, seed: int, alpha_case: float, sequential: bool = True,
-             timeout: float = 600.0, batch_size: int | None = None) -> CaseResult:
+             timeout: float = 600.0, batch_size: int | None = None, store=None) -> CaseResult:
     """Run and analyse one case of any mode at ``alpha_case`` (the verdict is re-decided across a run).
 
     ``all`` cases run step mode here; the provenance check is attached after the family-wise
-    decision (:func:`~.provenance.attach_provenance`).
+    decision (:func:`~.provenance.attach_provenance`). ``store`` (a
+    :class:`~lossless_check.journal.ChunkStore`): the statistical modes keep each finished chunk
+    there, and read back the chunks an interrupted run kept instead of collecting them again.
     """
     if case.mode in ("step", "all"):
         from .step import BATCH_SIZE, run_step_case
 
         return run_step_case(case, samples, seed, alpha_case, sequential, timeout,
-                             BATCH_SIZE if batch_size is None else batch_size)
+                             BATCH_SIZE if batch_size is None else batch_size, store)
     if case.mode == "generate":
         from .generate import run_generate_case
 
-        return run_generate_case(case, samples, seed, alpha_case, sequential, timeout)
+        return run_generate_case(case, samples, seed, alpha_case, sequential, timeout, store)
     if case.mode == "provenance":
         from .provenance import run_provenance_case
 
@@ -99,7 +101,7 @@ def run_case(case: Case, samples: int, seed: int, alpha_case: float, sequential:
 
 
 def chunked_run(case: Case, samples: int, seed: int, alpha_case: float, sequential: bool = True,
-                timeout: float = 600.0, batch_size: int | None = None):
+                timeout: float = 600.0, batch_size: int | None = None, store=None):
     """The case of :func:`run_case` (same arguments) as chunks and looks, for the engine to split over
     its workers; ``None`` for a case that runs only as one task.
 
@@ -114,4 +116,5 @@ def chunked_run(case: Case, samples: int, seed: int, alpha_case: float, sequenti
 
     if step_skip(case) is not None:
         return None
-    return StepRun(case, samples, seed, alpha_case, sequential, timeout, BATCH_SIZE if batch_size is None else batch_size)
+    batch_size = BATCH_SIZE if batch_size is None else batch_size
+    return StepRun(case, samples, seed, alpha_case, sequential, timeout, batch_size, store)

@@ -47,7 +47,7 @@ from ..adapters import DraftContext
 from ..adapters.assisted import constant_drafts
 from ..attribution import attribute, watching_verifier, without
 from ..analysis import position_tests, sequential_evidence, stop_sequentially, strata
-from ..engine import guarded, run_in_chunks, within_deadline
+from ..engine import guarded, kept, run_in_chunks, within_deadline
 from ..errors import GeneratorFailure
 from ..expected import ExactLaws, GreedyLaws, processed
 from ..results import Case, CaseResult, one_line
@@ -343,7 +343,7 @@ def skip_reason(case: Case) -> str | None:
 
 
 def run_generate_case(case: Case, samples: int, seed: int, alpha_case: float, sequential: bool = False,
-                      timeout: float = 600.0) -> CaseResult:
+                      timeout: float = 600.0, store=None) -> CaseResult:
     """Run and analyse one case through the real ``generate()`` loop (``case.max_new_tokens`` tokens a call).
 
     ``case.scenario`` is a fixed-logits :class:`~lossless_check.scenarios.Scenario` or a
@@ -361,7 +361,8 @@ def run_generate_case(case: Case, samples: int, seed: int, alpha_case: float, se
     ``tv_detectable`` (position 1; every position in ``positions``) is the sample-weighted TV the
     position's test detects with probability ``POWER``; later positions have fewer samples and, with
     history-dependent laws, more strata, hence less power. The verdict here is at ``alpha_case``;
-    :func:`~lossless_check.results.decide` re-decides it across a run's cases.
+    :func:`~lossless_check.results.decide` re-decides it across a run's cases. ``store``: where
+    finished chunks are kept (:func:`~lossless_check.engine.kept`).
     """
     reason = skip_reason(case)
     if reason is not None:
@@ -389,8 +390,8 @@ def run_generate_case(case: Case, samples: int, seed: int, alpha_case: float, se
                                                           rounds=case.max_new_tokens)
 
         return run_in_chunks(case, samples, seed, sequential,
-                             within_deadline(timeout, lambda chunk, size, chunk_seed:
-                                             collect(setup, size, case.max_new_tokens, chunk_seed)),
+                             kept(store, case, within_deadline(timeout, lambda chunk, size, chunk_seed:
+                                                               collect(setup, size, case.max_new_tokens, chunk_seed))),
                              analyse_look)
 
     result = guarded(case, run)

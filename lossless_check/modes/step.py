@@ -30,7 +30,7 @@ from ..analysis import position_tests, sequential_evidence, stop_sequentially, s
 from ..attribution import accepted_impossible, attribute, without
 from ..candidates import check_candidates
 from ..compat import generator_processors, speculative_sampling
-from ..engine import guarded, run_in_chunks, within_deadline
+from ..engine import guarded, kept, run_in_chunks, within_deadline
 from ..errors import GeneratorFailure, NotApplicable, Timeout
 from ..expected import UNSAMPLEABLE, ExactLaws, plain_sampling_fails, processed, unsampleable
 from ..results import POWER, Case, CaseResult, one_line
@@ -403,23 +403,26 @@ def skip_reason(case: Case) -> str | None:
 
 
 def run_step_case(case: Case, samples: int, seed: int, alpha_case: float, sequential: bool = True,
-                  timeout: float = 600.0, batch_size: int = BATCH_SIZE) -> CaseResult:
+                  timeout: float = 600.0, batch_size: int = BATCH_SIZE, store=None) -> CaseResult:
     """Run and analyse one step-mode case (no family-wise decision).
 
     Fixed (``sequential=False``): the law tests at ``alpha_case`` after ``samples`` trials.
-    Sequential: :func:`~lossless_check.analysis.stop_sequentially` after each look.
+    Sequential: :func:`~lossless_check.analysis.stop_sequentially` after each look. ``store``: where
+    finished chunks are kept (:func:`~lossless_check.engine.kept`).
     """
-    return StepRun(case, samples, seed, alpha_case, sequential, timeout, batch_size).run()
+    return StepRun(case, samples, seed, alpha_case, sequential, timeout, batch_size, store).run()
 
 
 class StepRun:
     """A step case as seeded chunks and looks: run whole (:meth:`run`), or split, its chunks collected
-    elsewhere (:meth:`collect_here` in :attr:`state`) for ``run(fetch)`` (:mod:`lossless_check.scheduler`)."""
+    elsewhere (:meth:`collect_here` in :attr:`state`) for ``run(fetch)`` (:mod:`lossless_check.scheduler`).
+    ``store`` (a :class:`~lossless_check.journal.ChunkStore`, or ``None``) keeps its finished chunks."""
 
     def __init__(self, case: Case, samples: int, seed: int, alpha_case: float, sequential: bool = True,
-                 timeout: float = 600.0, batch_size: int = BATCH_SIZE):
+                 timeout: float = 600.0, batch_size: int = BATCH_SIZE, store=None):
         self.case, self.samples, self.seed, self.alpha_case = case, samples, seed, alpha_case
         self.sequential, self.timeout, self.batch_size = sequential, timeout, batch_size
+        self.store = store
         self.replays = replays_per_chunk(samples)
         self._step: StepCase | None = None
         self._batch_1: str | None = None
@@ -453,6 +456,23 @@ class StepRun:
         return within_deadline(self.timeout, lambda c, n, s: self.step.collect(
             n, s, self.replays[c], FRESH_CALLS if c == 0 else 0))(
             chunk, size, chunk_seed)
+
+    def kept_outcomes(self, state) -> dict[int, tuple]:
+        """The chunks :attr:`store` keeps for ``state``, as a split case's outcomes (``("ok",
+        observations, facts)``, as :func:`~lossless_check.scheduler.collect_chunk` returns them)."""
+        if self.store is None:
+            return {}
+        outcomes = {}
+        for chunk in self.store.kept(self.case.key, state):
+            found = self.store.load(self.case.key, state, chunk)
+            if found is not None:
+                outcomes[chunk] = ("ok", *found)
+        return outcomes
+
+    def keep(self, state, chunk: int, outcome: tuple) -> None:
+        """Keep a chunk a worker collected for a split case (``outcome`` as :meth:`kept_outcomes`)."""
+        if self.store is not None and outcome[0] == "ok":
+            self.store.save(self.case.key, state, chunk, outcome[1], outcome[2])
 
     def analyse(self, parts: list[Observations], final: bool) -> CaseResult | None:
         """The look over ``parts`` (the chunks so far, in order): a result, or ``None`` to go on."""
@@ -503,7 +523,7 @@ class StepRun:
         reason = skip_reason(case)
         if reason is not None:
             return case.result(verdict="skipped", reason=reason)
-        fetch = fetch or self.collect_here
+        fetch = fetch or kept(self.store, case, self.collect_here, lambda: self.state, self.facts)
 
         def run() -> CaseResult:
             try:
