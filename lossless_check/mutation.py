@@ -36,7 +36,8 @@ class Mutant(NamedTuple):
     """One catalog entry. ``family``: the built-in generator class the mutant subclasses (a release
     without it cannot run the mutant); ``position``: first output position (1-based) the bug reaches.
     ``mode="greedy"`` (:data:`GREEDY_MUTANTS`): the mutant's greedy row runs every greedy stack, and
-    ``warpers`` is what every stack whose output differs must hold."""
+    ``warpers`` is what every stack whose output differs must hold. ``since``: ``(release, why)`` where
+    the bug class only reaches the loop from that release on (before it the mutant is not run)."""
 
     spec: str
     family: str
@@ -47,6 +48,7 @@ class Mutant(NamedTuple):
     position: int = 1
     drafts: DraftModel | None = None
     mode: str = "step"
+    since: tuple[str, str] | None = None
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
@@ -152,17 +154,32 @@ GREEDY_MUTANTS: list[Mutant] = [
     Mutant("fixtures.mutants.greedy_mutants:AssistedDraftsWithoutRepetitionPenalty", ASSISTED,
            {"repetition_penalty": 2.0}, "markov8", False,
            "drops the repetition penalty from the target's own processor list (in place, meaning the drafts')",
-           mode="greedy"),
+           mode="greedy",
+           # Before 4.57.0 generate() hands the generator the user's processor list (4.56.2
+           # generation/utils.py line 2478), not the one it verifies with: the mutant changes nothing.
+           since=("4.57.0", "a generator handed the processor list the loop verifies with")),
     Mutant("fixtures.mutants.greedy_mutants:AssistedDraftsUnrelatedTokens", ASSISTED, {}, "markov8", True,
            "drafts unrelated tokens, no q: rejected drafts cost rounds, never tokens", mode="greedy"),
 ]
 
 
 def installed(mutant: Mutant) -> bool:
-    """Whether the installed transformers has the generator class the mutant subclasses."""
+    """Whether the installed transformers has the generator class the mutant subclasses, and the
+    loop its bug class needs (``mutant.since``)."""
+    return _absence(mutant) is None
+
+
+def _absence(mutant: Mutant) -> str | None:
+    """Why the installed release cannot run ``mutant``, or None."""
+    import transformers
+    from packaging.version import Version
     from transformers.generation import candidate_generator
 
-    return hasattr(candidate_generator, mutant.family)
+    if not hasattr(candidate_generator, mutant.family):
+        return f"transformers {transformers.__version__} has no {mutant.family}"
+    if mutant.since and Version(transformers.__version__) < Version(mutant.since[0]):
+        return f"transformers {transformers.__version__}: the bug needs {mutant.since[1]} ({mutant.since[0]} on)"
+    return None
 
 
 def exact_laws(mutant: Mutant) -> ExactLaws:
@@ -317,13 +334,11 @@ def _catalog_fields(mutant: Mutant) -> dict:
 
 def absent_mutant(mutant: Mutant) -> dict:
     """The row of a mutant the installed release cannot run: neither caught nor missed (``correct`` None)."""
-    import transformers
-
     return {**_catalog_fields(mutant), "mutant": mutant.spec.rpartition(":")[2], "verdict": "skipped",
             "caught": False, "provenance": "-", "caught_by": [], "correct": None, "failed_checks": [],
             "p_value": None, "tv": None, "tv_detectable": None, "exact_tv": None, "samples": 0,
             "samples_at_position": None, "positions": [],
-            "reason": f"transformers {transformers.__version__} has no {mutant.family}"}
+            "reason": _absence(mutant)}
 
 
 def require_catalog() -> None:

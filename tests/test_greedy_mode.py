@@ -121,10 +121,12 @@ def test_tiny_llama_row_gives_plain_greedy_tokens_except_where_positions_go_stal
 
 
 #: The mutant filters the processor list generate() hands AssistedCandidateGenerator: the one the loop
-#: verifies with on 5.14.1 and 5.24.0 (caught there); 4.40.2's generate() hands it the user's list
-#: (generation/utils.py line 1554) and verifies with the prepared one, so the mutant changes nothing.
-#: 4.41-5.13 not examined.
-SHARES_VERIFYING_PROCESSORS = ("5.14.0", None)
+#: verifies with from 4.57.0, where _assisted_decoding builds the generator from its own
+#: logits_processor argument (4.57.0 generation/utils.py, _get_candidate_generator called inside
+#: _assisted_decoding, which generate() calls with prepared_logits_processor; caught on 5.14.1 and
+#: 5.24.0); through 4.56.2 generate() hands it the user's list (4.56.2 line 2478, 4.40.2 line 1554)
+#: and verifies with the prepared one, so the mutant changes nothing there.
+SHARES_VERIFYING_PROCESSORS = ("4.57.0", None)
 SHARING = pytest.mark.skipif(not within(SHARES_VERIFYING_PROCESSORS),
                              reason="the mutant's bug needs the generator to get the verifying processor list")
 
