@@ -141,6 +141,7 @@ def check_row(target, assistant, resolved, stack: dict, prompts: list[list[int]]
     bet = BettingState.start()
     power = PowerSimulation(alpha, seed)
     bug_tv: list[float] = []
+    tv_pq: list[float] = []
     try:
         with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device]), warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
@@ -156,9 +157,10 @@ def check_row(target, assistant, resolved, stack: dict, prompts: list[list[int]]
                 q_raw = _Laws(assistant, processors)(full, len(prompt), raw=True)
                 emitted = full[0, len(prompt):].tolist()
                 for x, p, q, qc in zip(emitted, p_laws, q_laws, q_raw):
-                    bet.update(float(p[x]), float(q[x]), alpha)
+                    bet.update(p, q, x, alpha)
                     power.observe(p, q)
                     bug_tv.append(bug_law_tv(p, q, qc))
+                    tv_pq.append(0.5 * float(np.abs(p - q).sum()))
                 if bet.rejected_at is not None or bet.support_violations:
                     break
     except PlainSamplingFails as exc:
@@ -173,7 +175,7 @@ def check_row(target, assistant, resolved, stack: dict, prompts: list[list[int]]
         "test": "betting e-process toward q (anytime-valid, Ville)", "alpha": alpha, "tokens": bet.tokens,
         "calls": i + 1, "log_evalue": bet.log_evalue, "max_log_evalue": bet.max_log_evalue,
         "rejected_at_token": bet.rejected_at, "support_violations": bet.support_violations,
-        "tv_target_drafter": _quantiles(power.tv_pq), "tv_raw_logits_bug_first_position": _quantiles(bug_tv),
+        "tv_target_drafter": _quantiles(tv_pq), "tv_raw_logits_bug_first_position": _quantiles(bug_tv),
         "power": power.summary(),
     }
     row.greedy = greedy_equivalence(routed, kwargs, stack, prompts[:GREEDY_PROMPTS], max_new_tokens, family)

@@ -2,18 +2,20 @@
 
 Observation ``t`` is an emitted token ``x_t`` whose null law (given everything before it) is the
 target's processed law ``p_t``; ``q_t`` is the drafter's processed law at the same prefix, known
-before ``x_t`` is seen. A q bug (wrong logits returned, a warper missing from q, ...) makes the
-pair emit a law between ``p_t`` and the drafter's: tokens where ``q_t > p_t`` are over-represented.
-The bet is the likelihood ratio of that alternative, ``(1 - eps) p_t + eps q_t``, against ``p_t``:
+before ``x_t`` is seen. A q bug (raw logits returned under a truncating warper, a warper missing
+from q, ...) makes the pair over-represent tokens where ``q_t > p_t``, but only by a bounded factor
+(raw logits under ``top_k``: at most ``1/Z``, ``Z`` the drafter's mass on its top k): betting the full
+likelihood ratio ``q/p`` loses on the rare tokens where it is huge. So the bets are on bounded
+statistics ``w`` of the token, each centred by its exact null mean ``mu = E_p[w]``:
 
-    E_t(eps) = prod_{s <= t} (1 - eps + eps q_s(x_s) / p_s(x_s)),
+    E_t(w, eps) = prod_{s <= t} (1 + (eps / mu_s) (w_s(x_s) - mu_s)),   w in STATISTICS, eps in EPSILONS,
 
-mixed with equal weights over :data:`EPSILONS` (a mixture of e-processes is one). Under the null
-``E[q_t(x_t) / p_t(x_t)] = q_t(supp p_t) <= 1``, so each factor has mean at most 1 given the past:
-``E_t`` is a nonnegative supermartingale with ``E_0 = 1`` and by Ville's inequality
-``P(exists t: E_t >= 1/alpha) <= alpha``. It is valid whatever ``q_t`` is (it only aims the bet) and
-needs no independence between tokens: the chain rule makes every emitted token one observation,
-even when prefixes repeat. A token with ``p_t(x_t) = 0`` is an exact failure, counted apart.
+``w`` one of ``1[q > p]``, ``min(q/p, 2)``, ``min(q/p, 8)``, ``q/p``; the e-value is the equal-weight
+mixture of all of them (a mixture of e-processes is one). Each factor is ``>= 1 - eps >= 0`` and has
+mean exactly 1 under the null, so ``E_t`` is a nonnegative martingale and by Ville's inequality
+``P(exists t: E_t >= 1/alpha) <= alpha``. It is valid whatever ``q_t`` is (q only aims the bet) and
+needs no independence between tokens: by the chain rule every emitted token is one observation,
+even where prefixes repeat. A token with ``p_t(x_t) = 0`` is an exact failure, counted apart.
 """
 
 from __future__ import annotations
@@ -24,8 +26,28 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import logsumexp
 
-#: Bet sizes, fixed before any data: from "the pair emits the drafter's law" to a 1/64 contamination.
-EPSILONS: tuple[float, ...] = (1.0, 0.5, 0.25, 1 / 8, 1 / 16, 1 / 32, 1 / 64)
+#: Bet sizes, fixed before any data.
+EPSILONS: tuple[float, ...] = (0.9, 0.5, 0.25, 1 / 8, 1 / 16, 1 / 32, 1 / 64)
+#: Caps of ``min(q/p, cap)`` (``0``: the indicator ``1[q > p]``; ``inf``: the ratio itself).
+STATISTICS: tuple[float, ...] = (0.0, 2.0, 8.0, math.inf)
+COMPONENTS = len(STATISTICS) * len(EPSILONS)
+
+
+def log_factors(p: np.ndarray, q: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """``log`` of every bet's factor ``(len(tokens), COMPONENTS)`` for ``tokens`` emitted at one position."""
+    inside = p > 0
+    ratio = np.where(inside, q / np.where(inside, p, 1.0), 0.0)
+    rows, means = [], []
+    for cap in STATISTICS:
+        w = (q > p).astype(np.float64) if cap == 0.0 else np.minimum(ratio, cap)
+        rows.append(w[tokens])
+        means.append(float((p * w).sum()))
+    w_x, mu = np.array(rows).T, np.array(means)  # (n, S), (S,)
+    eps = np.asarray(EPSILONS)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # A statistic with mu = 0 is 0 on the whole support: its factor is 1 (no bet).
+        scaled = np.where(mu > 0, (w_x - mu) / np.where(mu > 0, mu, 1.0), 0.0)  # (n, S)
+        return np.log1p(scaled[:, :, None] * eps[None, None, :]).reshape(len(tokens), -1)
 
 
 @dataclass
@@ -40,21 +62,19 @@ class BettingState:
 
     @classmethod
     def start(cls) -> "BettingState":
-        return cls(np.zeros(len(EPSILONS)))
+        return cls(np.zeros(COMPONENTS))
 
     @property
     def log_evalue(self) -> float:
-        return float(logsumexp(self.log_wealth) - math.log(len(EPSILONS)))
+        return float(logsumexp(self.log_wealth) - math.log(COMPONENTS))
 
-    def update(self, p_x: float, q_x: float, alpha: float) -> None:
-        """Bet on one emitted token with null probability ``p_x`` and drafter probability ``q_x``."""
+    def update(self, p: np.ndarray, q: np.ndarray, token: int, alpha: float) -> None:
+        """Bet on one emitted ``token`` with null law ``p`` and drafter law ``q`` at its prefix."""
         self.tokens += 1
-        if p_x <= 0.0:
+        if p[token] <= 0.0:
             self.support_violations += 1
             return
-        eps = np.asarray(EPSILONS)
-        with np.errstate(divide="ignore"):
-            self.log_wealth = self.log_wealth + np.log(1.0 - eps + eps * (q_x / p_x))
+        self.log_wealth = self.log_wealth + log_factors(p, q, np.array([token]))[0]
         log_e = self.log_evalue
         self.max_log_evalue = max(self.max_log_evalue, log_e)
         if self.rejected_at is None and log_e >= math.log(1.0 / alpha):
@@ -73,8 +93,9 @@ class PowerSimulation:
 
     At every observed position (null law ``p``, drafter law ``q``), each of :data:`REPLICATES`
     simulated runs per alternative ``(c, f)`` emits, with probability ``f``, a token from
-    ``(1 - c) p + c q`` (per-position TV ``c * TV(p, q)`` to the null), else from ``p``, and bets as
-    the real run does. ``power(c, f)`` is the share of replicates whose e-value reached ``1/alpha``
+    ``(1 - c) p + c q'``, ``q'`` the drafter's law restricted to the support of ``p`` (a token outside it
+    is an exact failure, not a statistical one), at per-position TV ``c * TV(p, q')`` to the null, else
+    from ``p``, and bets as the real run does. ``power(c, f)`` is the share of replicates whose e-value reached ``1/alpha``
     within the run's tokens: the departure toward q (the direction of a q bug) of that size, at that
     share of positions, is detected with that probability.
     """
@@ -83,31 +104,30 @@ class PowerSimulation:
         self.threshold = math.log(1.0 / alpha)
         self.rng = np.random.default_rng([seed, 7])
         shape = (len(CONTAMINATIONS), len(FRACTIONS), REPLICATES)
-        self.log_wealth = np.zeros(shape + (len(EPSILONS),))
+        self.log_wealth = np.zeros(shape + (COMPONENTS,))
         self.detected_at = np.full(shape, -1)
         self.tokens = 0
         self.tv_pq: list[float] = []
 
     def observe(self, p: np.ndarray, q: np.ndarray) -> None:
         self.tokens += 1
-        self.tv_pq.append(0.5 * float(np.abs(p - q).sum()))
-        eps = np.asarray(EPSILONS)
+        inside = np.where(p > 0, q, 0.0)
+        toward = inside / inside.sum() if inside.sum() > 0 else p
+        self.tv_pq.append(0.5 * float(np.abs(p - toward).sum()))
         under_null = self.rng.choice(p.size, REPLICATES, p=p / p.sum())
         for i, c in enumerate(CONTAMINATIONS):
-            mixed = (1.0 - c) * p + c * q
+            mixed = (1.0 - c) * p + c * toward
             under_alt = self.rng.choice(p.size, REPLICATES, p=mixed / mixed.sum())
             for j, f in enumerate(FRACTIONS):
                 x = np.where(self.rng.random(REPLICATES) < f, under_alt, under_null)
-                ratio = q[x] / np.maximum(p[x], 1e-300)
-                with np.errstate(divide="ignore"):
-                    self.log_wealth[i, j] += np.log(1.0 - eps[None] + eps[None] * ratio[:, None])
-        log_e = logsumexp(self.log_wealth, axis=-1) - math.log(len(EPSILONS))
+                self.log_wealth[i, j] += log_factors(p, q, x)
+        log_e = logsumexp(self.log_wealth, axis=-1) - math.log(COMPONENTS)
         fresh = (log_e >= self.threshold) & (self.detected_at < 0)
         self.detected_at[fresh] = self.tokens
 
     def summary(self) -> list[dict]:
         """One row per alternative: contamination, fraction of positions, median per-position TV at the
-        hit positions (``c`` times the median TV(p, q) met), power, median tokens to detection."""
+        hit positions (``c`` times the median ``TV(p, q')`` met), power, median tokens to detection."""
         median_tv = float(np.median(self.tv_pq)) if self.tv_pq else 0.0
         rows = []
         for i, c in enumerate(CONTAMINATIONS):
@@ -120,4 +140,4 @@ class PowerSimulation:
         return rows
 
 
-__all__ = ["BettingState", "CONTAMINATIONS", "EPSILONS", "FRACTIONS", "PowerSimulation"]
+__all__ = ["BettingState", "CONTAMINATIONS", "EPSILONS", "FRACTIONS", "PowerSimulation", "STATISTICS", "log_factors"]
