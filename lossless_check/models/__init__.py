@@ -87,7 +87,7 @@ def check_models(target: str, assistant: str, generators=None, warpers=None, pro
     check_checkpoint_dir(assistant, "--assistant")
     check_prompts_file(prompts)
     resolved = resolve_families(generators)
-    stacks = _stacks(list(warpers) if warpers else list(DEFAULT_WARPERS))
+    stacks = _stacks(warpers if warpers else list(DEFAULT_WARPERS))
     target_model = load_model(target, device, "--target")
     assistant_model = load_model(assistant, device, "--assistant")
     vocab = target_model.get_output_embeddings().weight.shape[0]
