@@ -46,7 +46,7 @@ def _run(pair, tmp_path, *extra):
 def test_builtin_assisted_and_prompt_lookup_are_lossless(pair, tmp_path):
     code, report = _run(pair, tmp_path, "--samples", "4", "--max-new-tokens", "16")
     assert code == EXIT_OK
-    rows = {r["generator"]: r for r in report["rows"]}
+    rows = {r["generator"]: r for r in report["cases"]}
     assert set(rows) == {"AssistedCandidateGenerator", "PromptLookupCandidateGenerator"}
     assisted = rows["AssistedCandidateGenerator"]
     assert assisted["verdict"] == "lossless"
@@ -62,7 +62,7 @@ def test_builtin_assisted_and_prompt_lookup_are_lossless(pair, tmp_path):
 def test_raw_logits_mutant_fails_exactly_at_once_and_statistically(pair, tmp_path):
     code, report = _run(pair, tmp_path, "--generator", MUTANT, "--samples", "64")
     assert code == EXIT_NOT_LOSSLESS
-    (row,) = report["rows"]
+    (row,) = report["cases"]
     assert row["verdict"] == "not_lossless"
     # Exact: every traced draft, from the first round on.
     assert row["exact"]["verdict"] == "inconsistent" and "round 1, draft position 1" in row["exact"]["first_inconsistency"]
@@ -100,8 +100,8 @@ def test_prompts_file_of_token_ids(pair, tmp_path):
     prompts.write_text("1 2 3 4\n\n500 600 700\n")
     code, report = _run(pair, tmp_path, "--prompts", str(prompts), "--generator", "AssistedCandidateGenerator",
                         "--samples", "2", "--max-new-tokens", "8", "--warpers", "top_k=50,temperature=0.7")
-    assert code == EXIT_OK and report["rows"][0]["warpers"] == "top_k=50,temperature=0.7"
-    assert report["rows"][0]["statistical"]["tokens"] == 16
+    assert code == EXIT_OK and report["cases"][0]["warpers"] == "top_k=50,temperature=0.7"
+    assert report["cases"][0]["statistical"]["tokens"] == 16
 
 
 def test_api(pair):
@@ -110,3 +110,22 @@ def test_api(pair):
     result = lc.check_models(pair[0], pair[1], ["AssistedCandidateGenerator"], warpers="top_k=50", samples=2,
                              max_new_tokens=8)
     assert result.exit_code == 0 and result.rows[0].verdict == "lossless"
+
+
+def test_text_prompts_go_through_the_tokenizer_beside_the_target(pair, tmp_path):
+    import shutil
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    target = tmp_path / "target"
+    shutil.copytree(pair[0], target)
+    words = {w: i for i, w in enumerate(["[UNK]", "the", "cat", "sat", "on", "mat"])}
+    backend = Tokenizer(models.WordLevel(words, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]").save_pretrained(target)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("the cat sat on the mat\n")
+    code = main(["models", "--target", str(target), "--assistant", pair[1], "--prompts", str(prompts),
+                 "--generator", "AssistedCandidateGenerator", "--samples", "1", "--max-new-tokens", "4"])
+    assert code == EXIT_OK

@@ -35,8 +35,13 @@ class ModelsResult:
         return 1 if any(r.verdict in ("not_lossless", "error") for r in self.rows) else 0
 
     def to_dict(self) -> dict:
-        return {"command": "models", "alpha": self.alpha, "seed": self.seed, **self.settings,
-                "rows": [r.to_dict() for r in self.rows], "exit_code": self.exit_code}
+        """The JSON report: the run report's keys (``cases``, ``alpha_family``...) plus the pair's settings."""
+        import torch
+        import transformers
+
+        return {"command": "models", "transformers_version": transformers.__version__,
+                "torch_version": torch.__version__, "alpha_family": self.alpha, "seed": self.seed, **self.settings,
+                "cases": [r.to_dict() for r in self.rows], "exit_code": self.exit_code}
 
     def table(self) -> str:
         lines = []

@@ -62,7 +62,10 @@ class PairRow:
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        """A case of the JSON report (``samples``: the tokens the statistical test saw)."""
+        return {"generator": self.generator, "warpers": self.warpers, "mode": "models", "verdict": self.verdict,
+                "samples": self.statistical.get("tokens", 0), "reason": self.reason, "exact": self.exact,
+                "statistical": self.statistical, "greedy": self.greedy, "seconds": self.seconds}
 
 
 class _Laws:
