@@ -129,3 +129,13 @@ def test_text_prompts_go_through_the_tokenizer_beside_the_target(pair, tmp_path)
     code = main(["models", "--target", str(target), "--assistant", pair[1], "--prompts", str(prompts),
                  "--generator", "AssistedCandidateGenerator", "--samples", "1", "--max-new-tokens", "4"])
     assert code == EXIT_OK
+
+
+def test_greedy_negative_control(pair, tmp_path):
+    """A generator that strips the repetition penalty from the target's processors: greedy outputs differ."""
+    code, report = _run(pair, tmp_path, "--generator",
+                        "fixtures.mutants.greedy_mutants:AssistedDraftsWithoutRepetitionPenalty",
+                        "--warpers", "repetition_penalty=3.0", "--samples", "2")
+    assert code == EXIT_NOT_LOSSLESS
+    (row,) = report["cases"]
+    assert row["verdict"] == "not_lossless" and row["greedy"]["differ"] > 0 and "greedy:" in row["reason"]

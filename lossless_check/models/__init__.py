@@ -65,6 +65,9 @@ def resolve_families(generators) -> list:
 
     resolved = [resolve_generator(g) for g in (generators or FAMILIES)]
     for r in resolved:
+        if r.adapter.name == "factory":
+            raise UsageError(f"generator {r.spec!r} is a factory: factories build generators over the harness's "
+                             f"stub models; with a model pair name a class (a subclass of {' or '.join(FAMILIES)})")
         if r.adapter.name not in FAMILIES:
             raise UsageError(f"generator {r.spec!r}: a model pair drives {' and '.join(FAMILIES)} (and their "
                              f"subclasses); {r.adapter.name} needs models of its own kind")
