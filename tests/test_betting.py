@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 
-from lossless_check.models.pair import bug_law_tv
+from lossless_check.models.pair import bug_law_tv, raw_logits_law
 from lossless_check.stats.betting import BettingState, log_factors
 
 
@@ -26,9 +26,9 @@ def _laws(rng, vocab=200, k=20):
 def test_every_bet_has_mean_one_under_the_null():
     rng = np.random.default_rng(0)
     for _ in range(20):
-        p, q, _ = _laws(rng)
+        p, q, q_raw = _laws(rng)
         support = np.flatnonzero(p > 0)
-        factors = np.exp(log_factors(p, q, support))  # (support, components)
+        factors = np.exp(log_factors(p, q, support, raw_logits_law(p, q, q_raw)))  # (support, components)
         assert np.allclose(p[support] @ factors, 1.0, atol=1e-12)
         assert (factors >= 0).all()
 
@@ -42,8 +42,8 @@ def test_null_false_failure_rate_is_below_alpha():
     for _ in range(streams):
         bet = BettingState.start()
         for t in range(tokens):
-            p, q, _ = laws[rng.integers(len(laws))]
-            bet.update(p, q, int(rng.choice(p.size, p=p)), alpha)
+            p, q, q_raw = laws[rng.integers(len(laws))]
+            bet.update(p, q, raw_logits_law(p, q, q_raw), int(rng.choice(p.size, p=p)), alpha)
         rejected += bet.rejected_at is not None
         assert bet.support_violations == 0
     # Binomial(300, 0.1): P(X > 45) < 0.005; the e-process is conservative, so far fewer reject.
@@ -58,11 +58,10 @@ def test_raw_logits_bug_law_is_detected():
     tvs = []
     for t in range(3000):
         p, q, q_raw = laws[rng.integers(len(laws))]
-        accepted = q * np.minimum(1.0, p / q_raw)
-        residual = np.maximum(0.0, p - q_raw)
-        emitted = accepted + (1 - accepted.sum()) * residual / residual.sum()
+        emitted = raw_logits_law(p, q, q_raw)
         tvs.append(bug_law_tv(p, q, q_raw))
-        bet.update(p, q, int(rng.choice(p.size, p=emitted / emitted.sum())), 1e-6)
+        # Aimed at p itself: the bet must find the departure through q alone.
+        bet.update(p, q, p, int(rng.choice(p.size, p=emitted / emitted.sum())), 1e-6)
         if bet.rejected_at:
             break
     assert bet.rejected_at is not None and bet.support_violations == 0
@@ -78,5 +77,5 @@ def test_correct_algorithm_emits_the_target_law():
 def test_token_outside_the_support_is_an_exact_failure():
     bet = BettingState.start()
     p = np.array([0.5, 0.5, 0.0])
-    bet.update(p, np.array([0.2, 0.2, 0.6]), 2, 1e-6)
+    bet.update(p, np.array([0.2, 0.2, 0.6]), p, 2, 1e-6)
     assert bet.support_violations == 1 and bet.log_evalue == 0.0 and math.isfinite(bet.max_log_evalue)

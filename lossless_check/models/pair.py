@@ -17,6 +17,8 @@ Figures: per emitted position, ``TV(p_t, q_t)`` (how far drafter and target disa
 drafter's raw logits while drafts follow its processed law (the seed bug class):
 ``r = qs min(1, p/qc) + (1 - sum qs min(1, p/qc)) norm(max(0, p - qc))``, ``qs`` the processed and
 ``qc = softmax(raw)`` the returned law. The correct algorithm (``qc = qs``) gives ``r = p`` exactly.
+The test also bets on ``r`` itself (:mod:`~lossless_check.stats.betting`): the bug class the project
+started from, aimed at directly; computed from the laws at the prefix, so validity is untouched.
 """
 
 from __future__ import annotations
@@ -87,13 +89,17 @@ class _Laws:
         return laws
 
 
-def bug_law_tv(p: np.ndarray, q_sampled: np.ndarray, q_claimed: np.ndarray) -> float:
-    """TV between ``p`` and the law of a round's first emitted token when drafts follow ``q_sampled``
-    and the verifier is given ``q_claimed`` (module docstring)."""
+def raw_logits_law(p: np.ndarray, q_sampled: np.ndarray, q_claimed: np.ndarray) -> np.ndarray:
+    """The law of a round's first emitted token when drafts follow ``q_sampled`` and the verifier is given
+    ``q_claimed`` (module docstring); ``p`` itself when they are equal."""
     accepted = q_sampled * np.minimum(1.0, p / np.maximum(q_claimed, 1e-300))
     residual = np.maximum(0.0, p - q_claimed)
-    emitted = accepted + (1.0 - accepted.sum()) * (residual / residual.sum() if residual.sum() > 0 else 0.0)
-    return 0.5 * float(np.abs(emitted - p).sum())
+    return accepted + (1.0 - accepted.sum()) * (residual / residual.sum() if residual.sum() > 0 else 0.0)
+
+
+def bug_law_tv(p: np.ndarray, q_sampled: np.ndarray, q_claimed: np.ndarray) -> float:
+    """TV between ``p`` and :func:`raw_logits_law`."""
+    return 0.5 * float(np.abs(raw_logits_law(p, q_sampled, q_claimed) - p).sum())
 
 
 def _quantiles(values: list[float]) -> dict:
@@ -160,9 +166,10 @@ def check_row(target, assistant, resolved, stack: dict, prompts: list[list[int]]
                 q_raw = _Laws(assistant, processors)(full, len(prompt), raw=True)
                 emitted = full[0, len(prompt):].tolist()
                 for x, p, q, qc in zip(emitted, p_laws, q_laws, q_raw):
-                    bet.update(p, q, x, alpha)
-                    power.observe(p, q)
-                    bug_tv.append(bug_law_tv(p, q, qc))
+                    aimed = raw_logits_law(p, q, qc)
+                    bet.update(p, q, aimed, x, alpha)
+                    power.observe(p, q, aimed)
+                    bug_tv.append(0.5 * float(np.abs(aimed - p).sum()))
                     tv_pq.append(0.5 * float(np.abs(p - q).sum()))
                 if bet.rejected_at is not None or bet.support_violations:
                     break

@@ -10,8 +10,10 @@ statistics ``w`` of the token, each centred by its exact null mean ``mu = E_p[w]
 
     E_t(w, eps) = prod_{s <= t} (1 + (eps / mu_s) (w_s(x_s) - mu_s)),   w in STATISTICS, eps in EPSILONS,
 
-``w`` one of ``1[q > p]``, ``min(q/p, 2)``, ``min(q/p, 8)``, ``q/p``; the e-value is the equal-weight
-mixture of all of them (a mixture of e-processes is one). Each factor is ``>= 1 - eps >= 0`` and has
+``w`` one of ``1[q > p]``, ``min(q/p, 2)``, ``min(q/p, 8)``, ``q/p``, and ``r/p`` for a law ``r`` on the
+support of ``p`` that a named bug class would emit at that prefix (computed from the laws alone, before
+the token is seen: the pair's raw-logits law, :func:`lossless_check.models.pair.raw_logits_law`); the
+e-value is the equal-weight mixture of all of them (a mixture of e-processes is one). Each factor is ``>= 1 - eps >= 0`` and has
 mean exactly 1 under the null, so ``E_t`` is a nonnegative martingale and by Ville's inequality
 ``P(exists t: E_t >= 1/alpha) <= alpha``. It is valid whatever ``q_t`` is (q only aims the bet) and
 needs no independence between tokens: by the chain rule every emitted token is one observation,
@@ -28,18 +30,21 @@ from scipy.special import logsumexp
 
 #: Bet sizes, fixed before any data.
 EPSILONS: tuple[float, ...] = (0.9, 0.5, 0.25, 1 / 8, 1 / 16, 1 / 32, 1 / 64)
-#: Caps of ``min(q/p, cap)`` (``0``: the indicator ``1[q > p]``; ``inf``: the ratio itself).
+#: Caps of ``min(q/p, cap)`` (``0``: the indicator ``1[q > p]``; ``inf``: the ratio itself); then the
+#: bug-class law's ratio ``r/p``.
 STATISTICS: tuple[float, ...] = (0.0, 2.0, 8.0, math.inf)
-COMPONENTS = len(STATISTICS) * len(EPSILONS)
+COMPONENTS = (len(STATISTICS) + 1) * len(EPSILONS)
 
 
-def log_factors(p: np.ndarray, q: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-    """``log`` of every bet's factor ``(len(tokens), COMPONENTS)`` for ``tokens`` emitted at one position."""
+def log_factors(p: np.ndarray, q: np.ndarray, tokens: np.ndarray, aimed: np.ndarray) -> np.ndarray:
+    """``log`` of every bet's factor ``(len(tokens), COMPONENTS)`` for ``tokens`` emitted at one position
+    (``aimed``: the bug-class law ``r`` at that prefix; ``p`` itself bets nothing with it)."""
     inside = p > 0
-    ratio = np.where(inside, q / np.where(inside, p, 1.0), 0.0)
+    safe_p = np.where(inside, p, 1.0)
+    ratio = np.where(inside, q / safe_p, 0.0)
     rows, means = [], []
-    for cap in STATISTICS:
-        w = (q > p).astype(np.float64) if cap == 0.0 else np.minimum(ratio, cap)
+    for w in [(q > p).astype(np.float64)] + [np.minimum(ratio, cap) for cap in STATISTICS[1:]] + \
+             [np.where(inside, aimed / safe_p, 0.0)]:
         rows.append(w[tokens])
         means.append(float((p * w).sum()))
     w_x, mu = np.array(rows).T, np.array(means)  # (n, S), (S,)
@@ -68,13 +73,14 @@ class BettingState:
     def log_evalue(self) -> float:
         return float(logsumexp(self.log_wealth) - math.log(COMPONENTS))
 
-    def update(self, p: np.ndarray, q: np.ndarray, token: int, alpha: float) -> None:
-        """Bet on one emitted ``token`` with null law ``p`` and drafter law ``q`` at its prefix."""
+    def update(self, p: np.ndarray, q: np.ndarray, aimed: np.ndarray, token: int, alpha: float) -> None:
+        """Bet on one emitted ``token`` with null law ``p``, drafter law ``q`` and bug-class law ``aimed``
+        at its prefix."""
         self.tokens += 1
         if p[token] <= 0.0:
             self.support_violations += 1
             return
-        self.log_wealth = self.log_wealth + log_factors(p, q, np.array([token]))[0]
+        self.log_wealth = self.log_wealth + log_factors(p, q, np.array([token]), aimed)[0]
         log_e = self.log_evalue
         self.max_log_evalue = max(self.max_log_evalue, log_e)
         if self.rejected_at is None and log_e >= math.log(1.0 / alpha):
@@ -109,7 +115,7 @@ class PowerSimulation:
         self.tokens = 0
         self.tv_pq: list[float] = []
 
-    def observe(self, p: np.ndarray, q: np.ndarray) -> None:
+    def observe(self, p: np.ndarray, q: np.ndarray, aimed: np.ndarray) -> None:
         self.tokens += 1
         inside = np.where(p > 0, q, 0.0)
         toward = inside / inside.sum() if inside.sum() > 0 else p
@@ -120,7 +126,7 @@ class PowerSimulation:
             under_alt = self.rng.choice(p.size, REPLICATES, p=mixed / mixed.sum())
             for j, f in enumerate(FRACTIONS):
                 x = np.where(self.rng.random(REPLICATES) < f, under_alt, under_null)
-                self.log_wealth[i, j] += log_factors(p, q, x)
+                self.log_wealth[i, j] += log_factors(p, q, x, aimed)
         log_e = logsumexp(self.log_wealth, axis=-1) - math.log(COMPONENTS)
         fresh = (log_e >= self.threshold) & (self.detected_at < 0)
         self.detected_at[fresh] = self.tokens
