@@ -77,16 +77,18 @@ class _Laws:
         self.model, self.processors = model, processors
 
     @torch.no_grad()
-    def __call__(self, full: torch.Tensor, prompt_length: int, raw: bool = False) -> list[np.ndarray]:
+    def __call__(self, full: torch.Tensor, prompt_length: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """The processed laws and the raw ones (softmax of the logits), one per emitted position."""
         n = full.shape[1] - prompt_length
         logits = self.model(full, use_cache=False).logits[0, prompt_length - 1:prompt_length - 1 + n].float()
-        laws = []
+        laws, raw = [], []
         for t in range(n):
             row = logits[t:t + 1]
-            if not raw and len(self.processors) > 0:
+            raw.append(torch.softmax(row[0].double(), dim=-1).cpu().numpy())
+            if len(self.processors) > 0:
                 row = processed(self.processors, full[:, :prompt_length + t], row.clone())
             laws.append(torch.softmax(row[0].double(), dim=-1).cpu().numpy())
-        return laws
+        return laws, raw
 
 
 def raw_logits_law(p: np.ndarray, q_sampled: np.ndarray, q_claimed: np.ndarray) -> np.ndarray:
@@ -95,11 +97,6 @@ def raw_logits_law(p: np.ndarray, q_sampled: np.ndarray, q_claimed: np.ndarray) 
     accepted = q_sampled * np.minimum(1.0, p / np.maximum(q_claimed, 1e-300))
     residual = np.maximum(0.0, p - q_claimed)
     return accepted + (1.0 - accepted.sum()) * (residual / residual.sum() if residual.sum() > 0 else 0.0)
-
-
-def bug_law_tv(p: np.ndarray, q_sampled: np.ndarray, q_claimed: np.ndarray) -> float:
-    """TV between ``p`` and :func:`raw_logits_law`."""
-    return 0.5 * float(np.abs(raw_logits_law(p, q_sampled, q_claimed) - p).sum())
 
 
 def _quantiles(values: list[float]) -> dict:
@@ -158,12 +155,16 @@ def check_row(target, assistant, resolved, stack: dict, prompts: list[list[int]]
                 torch.manual_seed(seed * 1_000_003 + i)
                 prompt = prompts[i % len(prompts)]
                 ids = torch.tensor([prompt], dtype=torch.long, device=device)
-                with torch.no_grad():
-                    full = watched.generate(ids, generation_config=copy.deepcopy(config), **kwargs)
+                try:
+                    with torch.no_grad():
+                        full = watched.generate(ids, generation_config=copy.deepcopy(config), **kwargs)
+                except Exception as exc:  # noqa: BLE001 - the generator under test (or the loop) failed
+                    row.verdict, row.reason = "error", f"generate() raised {one_line(exc)}"
+                    row.exact = record.to_dict()
+                    return row
                 processors = processors_for(len(prompt))
-                p_laws = _Laws(target, processors)(full, len(prompt))
-                q_laws = _Laws(assistant, processors)(full, len(prompt))
-                q_raw = _Laws(assistant, processors)(full, len(prompt), raw=True)
+                p_laws, _ = _Laws(target, processors)(full, len(prompt))
+                q_laws, q_raw = _Laws(assistant, processors)(full, len(prompt))
                 emitted = full[0, len(prompt):].tolist()
                 for x, p, q, qc in zip(emitted, p_laws, q_laws, q_raw):
                     aimed = raw_logits_law(p, q, qc)
@@ -173,12 +174,8 @@ def check_row(target, assistant, resolved, stack: dict, prompts: list[list[int]]
                     tv_pq.append(0.5 * float(np.abs(p - q).sum()))
                 if bet.rejected_at is not None or bet.support_violations:
                     break
-    except PlainSamplingFails as exc:
+    except PlainSamplingFails as exc:  # the installed processors themselves fail on a history
         row.verdict, row.reason = "skipped", str(exc)
-        return row
-    except Exception as exc:  # noqa: BLE001 - the generator under test (or the loop) failed
-        row.verdict, row.reason = "error", f"generate() raised {one_line(exc)}"
-        row.exact = record.to_dict()
         return row
     row.exact = record.to_dict()
     row.statistical = {
