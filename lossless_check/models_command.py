@@ -22,7 +22,8 @@ def add_models_command(sub) -> None:
     models.add_argument("--max-new-tokens", type=positive_int, default=32, metavar="K",
                         help="tokens per generate() call (default 32)")
     models.add_argument("--samples", type=positive_int, default=64, metavar="N",
-                        help="most sampling generate() calls per generator and stack; stops at a rejection (default 64)")
+                        help="most sampling generate() calls per generator and stack; stops at a rejection "
+                             "(default 64)")
     models.add_argument("--alpha", type=probability, default=1e-6,
                         help="family-wise false-failure rate (default 1e-6)")
     models.add_argument("--seed", type=int, default=0)

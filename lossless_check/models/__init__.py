@@ -52,7 +52,8 @@ class ModelsResult:
             if stats:
                 tv, bug = stats["tv_target_drafter"], stats["tv_raw_logits_bug_first_position"]
                 if tv["positions"]:
-                    lines.append(f"    TV(target, drafter) per position: median {tv['median']:.3g}, p95 {tv['p95']:.3g}; "
+                    lines.append(f"    TV(target, drafter) per position: median {tv['median']:.3g}, "
+                                 f"p95 {tv['p95']:.3g}; "
                                  f"a raw-logits q would emit at TV median {bug['median']:.3g}, p95 {bug['p95']:.3g} "
                                  f"({tv['positions']} positions)")
         return "\n".join(lines)

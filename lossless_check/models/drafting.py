@@ -104,7 +104,8 @@ def intercepting(target, vocab_size: int, record: DraftingRecord):
         return generator
 
     watched = copy.copy(target)
-    watched.__class__ = type(f"{base.__name__}Intercepted", (base,), {"_get_candidate_generator": _get_candidate_generator})
+    watched.__class__ = type(f"{base.__name__}Intercepted", (base,),
+                             {"_get_candidate_generator": _get_candidate_generator})
     return watched
 
 

@@ -231,9 +231,11 @@ def _decide(row: PairRow, record: DraftingRecord, bet: BettingState) -> None:
     if row.greedy.get("differ"):
         failures.append(f"greedy: {row.greedy['differ']} of {row.greedy['comparisons']} outputs differ from plain "
                         f"greedy decoding")
-    power = next(r for r in row.statistical["power"] if r["contamination"] == 0.25 and r["fraction_of_positions"] == 1.0)
-    statistical = (f"statistical: no rejection in {bet.tokens} tokens (log E {bet.log_evalue:.3g}; a departure toward q "
-                   f"of per-position TV {power['median_tv_at_hit_positions']:.3g} would be caught with probability "
+    power = next(r for r in row.statistical["power"]
+                 if r["contamination"] == 0.25 and r["fraction_of_positions"] == 1.0)
+    statistical = (f"statistical: no rejection in {bet.tokens} tokens (log E {bet.log_evalue:.3g}; a departure "
+                   f"toward q of per-position TV {power['median_tv_at_hit_positions']:.3g} would be caught with "
+                   f"probability "
                    f"{power['power']:.2f})") if bet.rejected_at is None and not bet.support_violations else ""
     if failures:
         row.verdict, row.reason = "not_lossless", "; ".join(failures + ([statistical] if statistical else []))

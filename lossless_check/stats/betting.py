@@ -5,18 +5,18 @@ target's processed law ``p_t``; ``q_t`` is the drafter's processed law at the sa
 before ``x_t`` is seen. A q bug (raw logits returned under a truncating warper, a warper missing
 from q, ...) makes the pair over-represent tokens where ``q_t > p_t``, but only by a bounded factor
 (raw logits under ``top_k``: at most ``1/Z``, ``Z`` the drafter's mass on its top k): betting the full
-likelihood ratio ``q/p`` loses on the rare tokens where it is huge. So the bets are on bounded
-statistics ``w`` of the token, each centred by its exact null mean ``mu = E_p[w]``:
+likelihood ratio ``q/p`` alone loses on the rare tokens where it is huge. So the bets are on several
+statistics ``w`` of the token, most of them bounded, each centred by its exact null mean ``mu = E_p[w]``:
 
     E_t(w, eps) = prod_{s <= t} (1 + (eps / mu_s) (w_s(x_s) - mu_s)),   w in STATISTICS, eps in EPSILONS,
 
 ``w`` one of ``1[q > p]``, ``min(q/p, 2)``, ``min(q/p, 8)``, ``q/p``, and ``r/p`` for a law ``r`` on the
 support of ``p`` that a named bug class would emit at that prefix (computed from the laws alone, before
 the token is seen: the pair's raw-logits law, :func:`lossless_check.models.pair.raw_logits_law`); the
-e-value is the equal-weight mixture of all of them (a mixture of e-processes is one). Each factor is ``>= 1 - eps >= 0`` and has
-mean exactly 1 under the null, so ``E_t`` is a nonnegative martingale and by Ville's inequality
-``P(exists t: E_t >= 1/alpha) <= alpha``. It is valid whatever ``q_t`` is (q only aims the bet) and
-needs no independence between tokens: by the chain rule every emitted token is one observation,
+e-value is the equal-weight mixture of all of them (a mixture of e-processes is one). Each factor is
+``>= 1 - eps >= 0`` and has mean exactly 1 under the null, so ``E_t`` is a nonnegative martingale and,
+by Ville's inequality, ``P(exists t: E_t >= 1/alpha) <= alpha``. It is valid whatever ``q_t`` is (q only
+aims the bet) and needs no independence between tokens: by the chain rule every emitted token is one observation,
 even where prefixes repeat. A token with ``p_t(x_t) = 0`` is an exact failure, counted apart.
 """
 
@@ -101,9 +101,9 @@ class PowerSimulation:
     simulated runs per alternative ``(c, f)`` emits, with probability ``f``, a token from
     ``(1 - c) p + c q'``, ``q'`` the drafter's law restricted to the support of ``p`` (a token outside it
     is an exact failure, not a statistical one), at per-position TV ``c * TV(p, q')`` to the null, else
-    from ``p``, and bets as the real run does. ``power(c, f)`` is the share of replicates whose e-value reached ``1/alpha``
-    within the run's tokens: the departure toward q (the direction of a q bug) of that size, at that
-    share of positions, is detected with that probability.
+    from ``p``, and bets as the real run does. ``power(c, f)`` is the share of replicates whose e-value
+    reached ``1/alpha`` within the run's tokens: the departure toward q (the direction of a q bug) of
+    that size, at that share of positions, is detected with that probability.
     """
 
     def __init__(self, alpha: float, seed: int):
@@ -139,7 +139,8 @@ class PowerSimulation:
         for i, c in enumerate(CONTAMINATIONS):
             for j, f in enumerate(FRACTIONS):
                 hit = self.detected_at[i, j] > 0
-                rows.append({"contamination": c, "fraction_of_positions": f, "median_tv_at_hit_positions": c * median_tv,
+                rows.append({"contamination": c, "fraction_of_positions": f,
+                             "median_tv_at_hit_positions": c * median_tv,
                              "power": float(hit.mean()), "tokens": self.tokens,
                              "median_tokens_to_detection": float(np.median(self.detected_at[i, j][hit])) if hit.any()
                              else None})
