@@ -13,10 +13,11 @@ Importing this package is cheap; torch and transformers load when a check runs.
 """
 
 __version__ = "0.1.0"
-__all__ = ["CaseResult", "FuzzResult", "RunResult", "check", "fuzz", "run", "strategies"]
+__all__ = ["CaseResult", "FuzzResult", "ModelsResult", "RunResult", "check", "check_models", "fuzz", "run", "strategies"]
 
 _EXPORTS = {"check": ("api", "check"), "run": ("api", "run"), "CaseResult": ("results", "CaseResult"),
-            "RunResult": ("results", "RunResult"), "fuzz": ("fuzzing", "fuzz"), "FuzzResult": ("fuzzing", "FuzzResult")}
+            "RunResult": ("results", "RunResult"), "fuzz": ("fuzzing", "fuzz"), "FuzzResult": ("fuzzing", "FuzzResult"),
+            "check_models": ("models", "check_models"), "ModelsResult": ("models", "ModelsResult")}
 
 
 def __getattr__(name: str):

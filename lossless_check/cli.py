@@ -1,5 +1,5 @@
 """``lossless-check`` command line: ``run``, ``gate``, ``verifier``, ``repro``, ``fuzz``, ``sweep``, ``bisect``,
-``mutants`` and ``list``.
+``mutants``, ``models`` and ``list``.
 
 Exit codes answer the question asked: 0 every subject lossless; 1 at least one subject not lossless,
 or a generator error (a finding about the generator); 2 bad usage or input (one line); 3 the harness's
@@ -138,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .fuzz_command import add_fuzz_command
 
     add_fuzz_command(sub, DEFAULT_SCENARIO)
+    from .models_command import add_models_command
+
+    add_models_command(sub)
     sub.add_parser("list", help="generators and the modes that apply on the installed transformers; scenarios; "
                                 "warper catalog and matrices")
     return parser
@@ -363,6 +366,10 @@ def main(argv: list[str] | None = None) -> int:
             _precheck(args)
         elif args.command in ("mutants", "verifier"):
             _check_paths(args)
+        elif args.command == "models":
+            from .models_command import precheck_models
+
+            precheck_models(args)
         elif args.command in ("sweep", "bisect"):
             from .sweep import check_history_paths
 
@@ -397,6 +404,10 @@ def main(argv: list[str] | None = None) -> int:
             from .fuzz_command import fuzz_command
 
             return fuzz_command(args)
+        if args.command == "models":
+            from .models_command import models_command
+
+            return models_command(args)
         return _run(args)
     except UsageError as exc:
         print(f"lossless-check: error: {exc}", file=sys.stderr)

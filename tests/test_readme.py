@@ -26,7 +26,8 @@ def test_the_package_exports_the_public_api_lazily():
             "assert hasattr(lc.strategies, 'warper_stacks'); print(sorted(lc.__all__))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "['CaseResult', 'FuzzResult', 'RunResult', 'check', 'fuzz', 'run', 'strategies']"
+    assert done.stdout.strip() == ("['CaseResult', 'FuzzResult', 'ModelsResult', 'RunResult', 'check', 'check_models', "
+                                   "'fuzz', 'run', 'strategies']")
 
 
 @needs(DFLASH)
