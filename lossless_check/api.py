@@ -72,7 +72,8 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
 
         with tempfile.TemporaryDirectory(prefix="lossless-chunks-") as kept:
             return run_cases(cases, samples, alpha, seed, workers, progress, sequential, timeout, batch_size,
-                             samples_by_mode, journal, backend, address, verifier, ChunkStore(kept))
+                             samples_by_mode, journal, backend, address, verifier, verifier_gates,
+                             chunks=ChunkStore(kept))
     _check_processors(cases)
     statistical = [c.mode in STATISTICAL_MODES for c in cases]
     informative = evidence_plan(cases)
