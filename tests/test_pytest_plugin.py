@@ -142,8 +142,8 @@ def _run_downstream(pytester, *args):
     assert doc["alpha_family"] == 1e-6 and doc["seed"] == 0 and doc["transformers_version"]
     cases = doc["cases"]
     assert [(c["test"], c["generator"], c["verdict"]) for c in cases] == [
-        ("test_downstream.py::test_builtin_dflash_is_lossless", "DFlashTokenCandidateGenerator", "lossless"),
-        ("test_downstream.py::test_raw_logits_mutant_is_lossless", "DFlashReturnsRawLogits", "not_lossless"),
+        ("test_plugin_user.py::test_builtin_dflash_is_lossless", "DFlashTokenCandidateGenerator", "lossless"),
+        ("test_plugin_user.py::test_raw_logits_mutant_is_lossless", "DFlashReturnsRawLogits", "not_lossless"),
     ]
     assert all(c["alpha_case"] == alpha and c["samples"] == 5000 and c["warpers"] == "top_k=3" for c in cases)
     return cases
@@ -153,7 +153,7 @@ def _run_downstream(pytester, *args):
 def test_downstream_suite_serial_and_xdist(pytester, monkeypatch):
     """A correct generator passes, a mutant fails readably; under -n 2 the merged report has the same checks."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    pytester.makepyfile(mygen=MUTANT_SOURCE.read_text(), test_downstream=DOWNSTREAM_TESTS)
+    pytester.makepyfile(mygen=MUTANT_SOURCE.read_text(), test_plugin_user=DOWNSTREAM_TESTS)
     serial = _run_downstream(pytester)
     parallel = _run_downstream(pytester, "-n", "2")
 
