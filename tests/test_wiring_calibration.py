@@ -112,14 +112,15 @@ def big_vocab_strata(rng: np.random.Generator) -> list[list]:
 def by_observed_counts(ids, tokens, laws, vocab):
     """Broken coarsening: the top cells are the most *observed* tokens of each stratum (data-dependent
     cells), the rest as :func:`~lossless_check.analysis.coarsening` buckets them."""
-    cells, cell_laws = np.zeros(len(tokens), dtype=np.int64), []
+    cells, cell_laws, within = np.zeros(len(tokens), dtype=np.int64), [], []
     for s, law in enumerate(laws):
         here = ids == s
         counts = np.bincount(tokens[here], minlength=len(law))
         cell_of, _ = analysis.coarsening(np.where(counts > 0, 1.0 + counts, 0.0) + law)  # seen tokens first
         cells[here] = cell_of[tokens[here]]
         cell_laws.append(np.bincount(cell_of, weights=law, minlength=analysis.COARSE_CELLS))
-    return cells, cell_laws, analysis.COARSE_CELLS
+        within.append(analysis.within_cell_tv(law, cell_of))
+    return cells, cell_laws, analysis.COARSE_CELLS, within
 
 
 def test_coarsening_passes_the_null_check_and_data_dependent_cells_fail_it(monkeypatch):
