@@ -18,6 +18,7 @@ from lossless_check.adapters import resolve_generator
 from lossless_check.api import cases_for, run_cases
 from lossless_check.expected import first_token_law
 from lossless_check.modes import replay, step
+from lossless_check.modes.batching import STAGE_POWER
 from lossless_check.modes.step import StepCase
 from lossless_check.results import Case
 from lossless_check.scenarios import IID
@@ -128,9 +129,9 @@ def test_power_at_the_reported_tv_detectable_holds_for_batch_1_only_bugs():
 def test_the_power_check_fails_when_replays_shrink_but_the_claim_does_not(monkeypatch):
     """Negative control: one replay a case, while ``tv_detectable`` still claims what the full share
     of replays proves (the batch-1 arm shrunk back, the claim kept)."""
-    claimed = replay.replay_detectable_tv(replay.total_replays(1000))
+    claimed = replay.replay_detectable_tv(replay.total_replays(1000), STAGE_POWER)
     monkeypatch.setattr(step, "replays_per_chunk", lambda samples: [1] + [0] * 8)
-    monkeypatch.setattr(step, "replay_detectable_tv", lambda replays: claimed)
+    monkeypatch.setattr(step, "replay_detectable_tv", lambda replays, power: claimed)
     flagged, _ = detection_count("DFlashTokenCandidateGenerator", POWER_RUNS)
     assert POWER_RUNS - flagged > ALLOWED_MISSES, flagged
     assert binomtest(flagged, POWER_RUNS, 0.99, alternative="less").pvalue < 1e-3
