@@ -13,7 +13,7 @@ test within simulation noise, ``raw_logits`` does not: see the note printed unde
 - ``uniform``: ``r = (1 - l) p + l u``, ``u`` uniform over the 8 tokens;
 - ``raw_logits``: warpers ``top_k=3`` (target and drafter), the drafter samples its processed law but
   returns its raw logits as q: ``r`` moves from ``p`` toward that generator's exact first-token law
-  (:func:`lossless_check.expected.first_token_law`, TV 0.076 at full strength);
+  (:func:`lossless_check.laws.expected.first_token_law`, TV 0.076 at full strength);
 - ``top_two``: 0.05 of mass moved from the most likely token to the second one. Not in the issue: the
   direction least favourable to a likelihood ratio (all the change on the two largest cells), added as
   the stress test of "no worse than the L1 test";
@@ -55,8 +55,8 @@ import numpy as np  # noqa: E402
 from scipy.special import logsumexp  # noqa: E402
 
 from lossless_check import stats  # noqa: E402
-from lossless_check.expected import first_token_law  # noqa: E402
-from lossless_check.scenarios import IID  # noqa: E402
+from lossless_check.laws.expected import first_token_law  # noqa: E402
+from lossless_check.laws.scenarios import IID  # noqa: E402
 
 TV, ALPHA, POWER = 0.05, 1e-6, 0.99
 #: The issue's figures for the first release's test (trials for power 0.99), for comparison.

@@ -105,7 +105,7 @@ def cluster(nodes: int, temp: Path):
 def lossless_check(*args: str) -> float:
     """Run the CLI; its wall seconds (exit 0 or 1 are results; anything else fails the benchmark)."""
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "lossless_check.cli", *args], cwd=ROOT, env=ENV,
+    done = subprocess.run([sys.executable, "-m", "lossless_check.faces.cli", *args], cwd=ROOT, env=ENV,
                           capture_output=True, text=True)
     if done.returncode not in (0, 1):
         raise RuntimeError(f"lossless-check {' '.join(args)} exited {done.returncode}: {done.stderr.strip()[-500:]}")

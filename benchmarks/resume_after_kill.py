@@ -45,7 +45,7 @@ def strip(value):
 
 def start(args: list[str]) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    return subprocess.Popen([sys.executable, "-m", "lossless_check.cli", *args], cwd=ROOT, env=env,
+    return subprocess.Popen([sys.executable, "-m", "lossless_check.faces.cli", *args], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 

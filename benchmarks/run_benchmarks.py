@@ -38,14 +38,14 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 
 hf_logging.set_verbosity_error()
 
-from lossless_check.adapters import ADAPTERS, resolve_generator  # noqa: E402
-from lossless_check.api import run_cases  # noqa: E402
-from lossless_check.cli import DEFAULT_SAMPLES, samples_to_detect  # noqa: E402
-from lossless_check.matrix import matrix  # noqa: E402
+from lossless_check.subjects.adapters import ADAPTERS, resolve_generator  # noqa: E402
+from lossless_check.faces.api import run_cases  # noqa: E402
+from lossless_check.faces.cli import DEFAULT_SAMPLES, samples_to_detect  # noqa: E402
+from lossless_check.laws.matrix import matrix  # noqa: E402
 from lossless_check.modes.step import StepCase  # noqa: E402
-from lossless_check.mutation import MUTANTS, information_bound, installed, samples_needed  # noqa: E402
-from lossless_check.results import Case  # noqa: E402
-from lossless_check.scenarios import DEFAULT, SCENARIOS  # noqa: E402
+from lossless_check.faces.mutation import MUTANTS, information_bound, installed, samples_needed  # noqa: E402
+from lossless_check.evidence.results import Case  # noqa: E402
+from lossless_check.laws.scenarios import DEFAULT, SCENARIOS  # noqa: E402
 
 ALPHA = 1e-6
 #: Generators the throughput goal covers (the ones that draft with a model and return q).

@@ -29,7 +29,7 @@ TIMINGS = ("seconds", "samples_per_second")
 def run(workers: int, report: Path) -> float:
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "lossless_check.cli", *CASE, "--workers", str(workers),
+    done = subprocess.run([sys.executable, "-m", "lossless_check.faces.cli", *CASE, "--workers", str(workers),
                            "--json", str(report)], cwd=ROOT, env=env, capture_output=True, text=True)
     if done.returncode not in (0, 1):
         raise RuntimeError(f"--workers {workers} exited {done.returncode}: {done.stderr.strip()[-500:]}")

@@ -10,14 +10,20 @@ The public API (everything else is internal)::
     lc.strategies.warper_stacks()                                          # hypothesis strategies
 
 Importing this package is cheap; torch and transformers load when a check runs.
+
+The package is in layers, each a sub-package that imports only the ones below it (bottom to top):
+``core``, ``stats``, ``laws``, ``subjects``, ``evidence``, ``running``, ``modes``, ``outputs``, ``history``,
+``faces``; ``strategies`` (public hypothesis strategies) and the pytest entry point sit on top.
+tests/test_layers.py keeps it so.
 """
 
 __version__ = "0.1.0"
 __all__ = ["CaseResult", "FuzzResult", "ModelsResult", "RunResult", "check", "check_models", "fuzz", "run", "strategies"]
 
-_EXPORTS = {"check": ("api", "check"), "run": ("api", "run"), "CaseResult": ("results", "CaseResult"),
-            "RunResult": ("results", "RunResult"), "fuzz": ("fuzzing", "fuzz"), "FuzzResult": ("fuzzing", "FuzzResult"),
-            "check_models": ("models", "check_models"), "ModelsResult": ("models", "ModelsResult")}
+_EXPORTS = {"check": ("faces.api", "check"), "run": ("faces.api", "run"),
+            "CaseResult": ("evidence.results", "CaseResult"), "RunResult": ("evidence.results", "RunResult"),
+            "fuzz": ("faces.fuzzing", "fuzz"), "FuzzResult": ("faces.fuzzing", "FuzzResult"),
+            "check_models": ("faces.models", "check_models"), "ModelsResult": ("faces.models", "ModelsResult")}
 
 
 def __getattr__(name: str):

@@ -1,5 +1,5 @@
 import sys
 
-from .cli import main
+from lossless_check.faces.cli import main
 
 sys.exit(main())

@@ -8,13 +8,13 @@ it with ``-p no:lossless_check``.
   session, default 1e-6), ``--lossless-samples`` (trials per check, default 5000),
   ``--lossless-seed`` (default 0), ``--lossless-report PATH`` (JSON of every check of the session,
   the schema of ``lossless-check run --json``).
-- The ``lossless`` fixture (:class:`lossless_check.pytest_plugin.Lossless`): ``check(...)`` returns
+- The ``lossless`` fixture (:class:`lossless_check.faces.pytest_plugin.Lossless`): ``check(...)`` returns
   a ``CaseResult``, ``assert_lossless(...)`` fails with a readable explanation; ``fuzz(...)`` and
   ``assert_fuzz_lossless(...)`` search random warper stacks.
 - The ``lossless`` marker tags tests that use the harness. Tests requesting the fixture get it
   automatically, so ``-m "not lossless"`` deselects every statistical test; the tagged tests are the
   ones the session's alpha is shared among; its keyword arguments ``samples``, ``scenario`` and
-  ``seed`` are the test's defaults for its checks (see :mod:`lossless_check.pytest_plugin`).
+  ``seed`` are the test's defaults for its checks (see :mod:`lossless_check.faces.pytest_plugin`).
 - A report-header line (seed, alpha, samples, transformers version) and a terminal-summary section
   listing every check (fuzz searches included) and its verdict.
 - pytest-xdist: workers send their checks to the controller, which prints and writes them all.
@@ -28,8 +28,10 @@ from pathlib import Path
 
 import pytest
 
-from .options import positive_int, probability
-from .pytest_plugin import DEFAULT_ALPHA, DEFAULT_SAMPLES, DEFAULT_SEED, MARKER_OPTIONS, Lossless, SessionState
+from lossless_check.core.options import positive_int, probability
+from lossless_check.faces.pytest_plugin import (
+    DEFAULT_ALPHA, DEFAULT_SAMPLES, DEFAULT_SEED, MARKER_OPTIONS, Lossless, SessionState,
+)
 
 _STATE = pytest.StashKey[SessionState]()
 _WORKER_KEY = "lossless_check_records"

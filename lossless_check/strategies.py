@@ -4,12 +4,12 @@
   catalog, each option with a parameter from its valid range. One presence flag per option is drawn
   first, so hypothesis shrinks a failing stack towards fewer warpers (then towards simpler values).
 - :func:`informative_stacks`: a stack strategy kept to the stacks that are not vacuous on a scenario
-  (:mod:`~lossless_check.informativeness`): a vacuous stack cannot fail on ``q``, so a property "every
+  (:mod:`~lossless_check.modes.informativeness`): a vacuous stack cannot fail on ``q``, so a property "every
   drawn stack is lossless" would pass there without testing anything (the harness reports it
   ``vacuous``, not ``lossless``).
 - :func:`logits_vectors`, :func:`logits_tables`, :func:`scenarios`: finite logits, optionally with
-  some ``-inf`` entries but never a row of them, as vectors, :class:`~lossless_check.tables.FixedLogits`
-  tables, or whole step-mode :class:`~lossless_check.scenarios.Scenario` objects.
+  some ``-inf`` entries but never a row of them, as vectors, :class:`~lossless_check.laws.tables.FixedLogits`
+  tables, or whole step-mode :class:`~lossless_check.laws.scenarios.Scenario` objects.
 
 Banning processors (``no_repeat_ngram_size``, ``bad_words_ids``, ``suppress_tokens``, and
 ``min_new_tokens``, which bans EOS) could together mask every token of a row, a configuration
@@ -26,9 +26,9 @@ from typing import Any, Iterable
 import numpy as np
 from hypothesis import strategies as st
 
-from .matrix import EOS, available_catalog
-from .scenarios import DEFAULT, Scenario
-from .tables import FixedLogits
+from lossless_check.laws.matrix import EOS, available_catalog
+from lossless_check.laws.scenarios import DEFAULT, Scenario
+from lossless_check.laws.tables import FixedLogits
 
 #: Options that come with a catalog entry but are not warpers themselves (the EOS they act on).
 AUXILIARY = ("eos_token_id",)
@@ -102,7 +102,7 @@ def warper_stacks(vocab_size: int = DEFAULT.vocab_size, *, history: int = HISTOR
     """Random warper stacks: ``GenerationConfig`` kwargs dicts (``{}`` is plain sampling).
 
     ``options`` defaults to the catalog options the installed ``GenerationConfig`` has
-    (:func:`~lossless_check.matrix.available_catalog`). Token ids lie in ``[0, vocab_size)``;
+    (:func:`~lossless_check.laws.matrix.available_catalog`). Token ids lie in ``[0, vocab_size)``;
     ``min_new_tokens`` and ``exponential_decay_length_penalty`` come with ``eos_token_id``. The
     banning options mask at most ``max_banned`` tokens of any row (default ``vocab_size - 1``)
     after a history of up to ``history`` tokens (prompt plus generated). Each option is present with
@@ -148,8 +148,8 @@ def informative_stacks(stacks: st.SearchStrategy[dict[str, Any]] | None = None,
     """``stacks`` (default :func:`warper_stacks`) without the stacks vacuous on ``scenario``: kept are
     those whose processed target is not a point mass at some prefix a step-mode round drafting from the
     scenario's drafter reaches (exact, from the laws:
-    :func:`~lossless_check.informativeness.reference_informative_positions`)."""
-    from .informativeness import reference_informative_positions
+    :func:`~lossless_check.modes.informativeness.reference_informative_positions`)."""
+    from lossless_check.modes.informativeness import reference_informative_positions
 
     return (warper_stacks(scenario.vocab_size) if stacks is None else stacks).filter(
         lambda stack: bool(reference_informative_positions(scenario, stack)))
@@ -175,7 +175,7 @@ def logits_vectors(vocab_size: int = DEFAULT.vocab_size, *, max_masked: int | No
 
 def logits_tables(kind: str, vocab_size: int = DEFAULT.vocab_size, *, rows: int | None = None,
                   max_masked: int | None = None, scale: float = 8.0) -> st.SearchStrategy[FixedLogits]:
-    """:class:`~lossless_check.tables.FixedLogits` of ``kind`` (``iid``, ``per_position`` or ``markov``).
+    """:class:`~lossless_check.laws.tables.FixedLogits` of ``kind`` (``iid``, ``per_position`` or ``markov``).
 
     ``rows``: the number of rows of a ``per_position`` table (default: 1 to 4, drawn). ``iid`` has
     one row and ``markov`` one per token. Rows come from :func:`logits_vectors`.

@@ -12,8 +12,8 @@ torch.set_num_threads(1)
 
 @pytest.fixture
 def target_factory():
-    from lossless_check.stubs import fixed_logits_lm
-    from lossless_check.tables import FixedLogits
+    from lossless_check.laws.stubs import fixed_logits_lm
+    from lossless_check.laws.tables import FixedLogits
 
     def make(rows=None, prompt_length=2):
         rows = np.linspace(-1, 1, 6) if rows is None else rows

@@ -2,7 +2,7 @@
 
     python tests/run_on_release.py 4.44.2 [pytest arguments, default: -q -n 2]
 
-The release's environment is the sweep's (built once and cached, :mod:`lossless_check.release_env`:
+The release's environment is the sweep's (built once and cached, :mod:`lossless_check.history.release_env`:
 ``transformers==RELEASE`` over this environment's packages, so pytest, hypothesis, torch and the rest
 come from here); this checkout runs there first on ``PYTHONPATH``. Tests of findings and
 behaviour that belong to other releases skip themselves by the installed version. Exits with pytest's
@@ -24,7 +24,7 @@ def main(argv: list[str]) -> int:
         print("usage: python tests/run_on_release.py RELEASE [pytest arguments]", file=sys.stderr)
         return 2
     sys.path.insert(0, str(ROOT))
-    from lossless_check.release_env import environment
+    from lossless_check.history.release_env import environment
 
     release, pytest_args = argv[0], argv[1:] or ["-q", "-n", "2"]
     try:

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from fixtures.releases import ASSISTED_DRAFTS_GREEDILY, DFLASH, VERIFIER_ACCEPTS_AT_R_0, needs, verifier_rule_line, within
-from lossless_check.api import cases_for, run_cases
+from lossless_check.faces.api import cases_for, run_cases
 
 FORCED = 3
 ACCEPTS_AT_R_0 = within(VERIFIER_ACCEPTS_AT_R_0)

@@ -14,14 +14,14 @@ from scipy.stats import binomtest
 
 import lossless_check as lc
 from fixtures.mutants.batch_1_only import TRANSFORMS, batch_1_only, substituted
-from lossless_check.adapters import resolve_generator
-from lossless_check.api import cases_for, run_cases
-from lossless_check.expected import first_token_law
+from lossless_check.subjects.adapters import resolve_generator
+from lossless_check.faces.api import cases_for, run_cases
+from lossless_check.laws.expected import first_token_law
 from lossless_check.modes import replay, step
 from lossless_check.modes.batching import STAGE_POWER
 from lossless_check.modes.step import StepCase
-from lossless_check.results import Case
-from lossless_check.scenarios import IID
+from lossless_check.evidence.results import Case
+from lossless_check.laws.scenarios import IID
 from fixtures.releases import DFLASH, lossless_builtins, needs
 
 WARPERS = "top_k=3"

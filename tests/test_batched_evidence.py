@@ -19,7 +19,7 @@ import torch
 from scipy.stats import binomtest
 
 import lossless_check as lc
-from lossless_check.api import cases_for, run_cases
+from lossless_check.faces.api import cases_for, run_cases
 from lossless_check.modes import randomness
 from lossless_check.modes.step import StepCase
 
@@ -101,7 +101,7 @@ def test_the_within_cell_figure_is_exact_on_the_real_laws(scenario):
     cell tests cannot tell from it: rejection probability <= alpha) sits at exactly that token TV, so a
     token-level claim 20% below ``tv_detectable + within_cell_tv`` is false; and no law exceeds it
     (token TV <= cell TV + within_cell_tv, on random laws with the same cells)."""
-    from lossless_check.analysis import COARSE_CELLS, coarsening, within_cell_tv
+    from lossless_check.evidence.analysis import COARSE_CELLS, coarsening, within_cell_tv
 
     [case] = cases_for(["AssistedCandidateGenerator"], ["top_k=0"], None, "step", scenario, 4)
     p = StepCase(case).laws.target(())
@@ -138,7 +138,7 @@ def test_the_attribution_level_covers_k_rounds_a_trial():
     """A generate call of K rounds, each with a zero-probability draft at the verifier (the generator
     that sits at the bound), keeps a trial with probability (1 - 2^-24)^K: ``kept_level`` covers the
     worst case, and the level stated before (one round a trial) does not."""
-    from lossless_check.attribution import RATE, kept_level
+    from lossless_check.evidence.attribution import RATE, kept_level
 
     alpha, n, k = 1e-6, 5000, 4
     worst = alpha / (1 - RATE) ** (k * n)

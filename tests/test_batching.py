@@ -32,12 +32,12 @@ import pytest
 import torch
 
 from fixtures.releases import assisted_samples, lossless_builtins
-from lossless_check.adapters import ADAPTERS, DraftContext, FactoryAdapter, resolve_generator
-from lossless_check.adapters.base import installed_release
+from lossless_check.subjects.adapters import ADAPTERS, DraftContext, FactoryAdapter, resolve_generator
+from lossless_check.subjects.adapters.base import installed_release
 from lossless_check.modes.replay import SamplerLog
-from lossless_check.scenarios import DEFAULT, IID
-from lossless_check.stubs import fixed_logits_lm
-from lossless_check.warpers import capture_processors
+from lossless_check.laws.scenarios import DEFAULT, IID
+from lossless_check.laws.stubs import fixed_logits_lm
+from lossless_check.laws.warpers import capture_processors
 
 RELEASE = installed_release()
 BATCH = 64
@@ -230,7 +230,7 @@ BROKEN_BATCHES = {
 def test_the_check_fails_for_a_batch_whose_rows_are_not_batch_1_calls(breakage):
     """Negative controls: batches whose rows are not independent batch-1 calls are caught."""
     runnable("DFlashTokenCandidateGenerator")
-    from lossless_check.adapters.dflash import DFlashAdapter
+    from lossless_check.subjects.adapters.dflash import DFlashAdapter
 
     class BrokenBatch(DFlashAdapter):
         def session(self, ctx):

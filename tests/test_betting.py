@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 
-from lossless_check.models.pair import raw_logits_law
+from lossless_check.modes.models.pair import raw_logits_law
 from lossless_check.stats.betting import BettingState, log_factors
 
 

@@ -47,7 +47,7 @@ SMALL3 = np.array([0.6, 0.3, 0.1])
 
 def _iid8_target() -> np.ndarray:
     """The iid8 scenario's target law (no warpers): it has a rare token (p = 0.0036)."""
-    from lossless_check.scenarios import IID
+    from lossless_check.laws.scenarios import IID
 
     x = IID.target.rows[0]
     e = np.exp(x - x.max())

@@ -21,8 +21,10 @@ import numpy as np
 import pytest
 
 from calibration_checks import check_power, rate_check
-from lossless_check.stats import (Stratum, detectable_tv, l1_threshold, law_test, lr_detectable_tv,
-                                  lr_log_evalue_batch, lr_test, verdict_detectable_tv, verdict_test)
+from lossless_check.stats import (
+    Stratum, detectable_tv, l1_threshold, law_test, lr_detectable_tv, lr_log_evalue_batch, lr_test,
+    verdict_detectable_tv, verdict_test,
+)
 from test_calibration import P8, move_mass
 
 N, ALPHA, POWER = 2000, 1e-6, 0.99

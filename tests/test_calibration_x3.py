@@ -6,7 +6,7 @@ The data are a simulated speculative round (:class:`calibration_checks.NullRound
 per round, the law of each token chosen by the two tokens before it, and a row reaching the next
 position with a probability that depends on its token (acceptance). Position 1 is one stratum of a
 random size; positions 2 and 3 hold up to 6 and 36 strata whose sizes depend on the earlier tokens
-and on acceptance. The strata are built by :func:`lossless_check.analysis.strata`, as the engine
+and on acceptance. The strata are built by :func:`lossless_check.evidence.analysis.strata`, as the engine
 builds them. Each test's guarantee holds given the stratum sizes, so it must hold here.
 
 The check (:func:`null_check`): per test, position and nominal alpha (18 rows), a one-sided exact
@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from calibration_checks import NullRound, check_power, rate_check
-from lossless_check.analysis import strata
+from lossless_check.evidence.analysis import strata
 from lossless_check.stats import verdict_test
 
 #: The chance that one check of this module fails a correct implementation.

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from lossless_check.cli import main
-from lossless_check.informativeness import pair_coverage
-from lossless_check.matrix import available_catalog, matrix
-from lossless_check.scenarios import DEFAULT
+from lossless_check.faces.cli import main
+from lossless_check.modes.informativeness import pair_coverage
+from lossless_check.laws.matrix import available_catalog, matrix
+from lossless_check.laws.scenarios import DEFAULT
 from fixtures.releases import DECAY_PENALTY_NAN_AFTER_MASKED_EOS, DFLASH, needs, within
 
 MUTANT = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
@@ -132,7 +132,7 @@ def test_a_generator_error_exits_1_and_a_harness_bug_exits_3(tmp_path, monkeypat
     case = json.loads(out.read_text())["cases"][0]
     assert case["verdict"] == "error" and "the user factory is broken" in case["reason"]
 
-    import lossless_check.api as api
+    import lossless_check.faces.api as api
 
     def harness_bug(*args, **kwargs):
         raise RuntimeError("a bug in lossless-check itself")
@@ -149,7 +149,7 @@ def test_bad_usage_is_reported_before_torch_is_imported():
 
     for argv in (["--generator", "NoSuchGenerator"], ["--warpers", "top_k=banana"], ["--warpers", "top_p=2"],
                  ["--scenario", "nope"]):
-        code = ("import sys; from lossless_check.cli import main; rc = main(['run', *sys.argv[1:]]); "
+        code = ("import sys; from lossless_check.faces.cli import main; rc = main(['run', *sys.argv[1:]]); "
                 "assert 'torch' not in sys.modules and 'transformers' not in sys.modules; sys.exit(rc)")
         done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True)
         assert done.returncode == 2, done.stderr
@@ -169,7 +169,7 @@ def test_gate_prints_the_verdict_table_and_where_the_reports_are(tmp_path, capsy
 
 
 def test_progress_lines_when_stderr_is_not_a_terminal(monkeypatch, capsys):
-    import lossless_check.progress as progress
+    import lossless_check.running.progress as progress
 
     monkeypatch.setattr(progress, "LINE_INTERVAL", 0.0)
     with progress.progress_reporter(3) as advance:

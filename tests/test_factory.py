@@ -1,10 +1,10 @@
 """Users' own generators through the factory protocol (``--generator module:function``)."""
 
 from fixtures.releases import assisted_samples
-from lossless_check.adapters import FactoryAdapter, resolve_generator
-from lossless_check.api import run_cases as run
-from lossless_check.results import Case
-from lossless_check.scenarios import IID
+from lossless_check.subjects.adapters import FactoryAdapter, resolve_generator
+from lossless_check.faces.api import run_cases as run
+from lossless_check.evidence.results import Case
+from lossless_check.laws.scenarios import IID
 
 
 def test_factory_specs_resolve_to_the_factory_adapter():

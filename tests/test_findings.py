@@ -26,8 +26,8 @@ import transformers
 from packaging.version import Version
 
 from fixtures.releases import PROMPT_LOOKUP_CRASHES_WITHOUT_EOS, PROMPT_LOOKUP_OVERSHOOTS, VERIFIER_ACCEPTS_AT_R_0, within
-from lossless_check.repro import LEGACY_RELEASE
-from lossless_check.stubs import LEGACY_GENERATION
+from lossless_check.outputs.repro import LEGACY_RELEASE
+from lossless_check.laws.stubs import LEGACY_GENERATION
 
 FINDINGS = Path(__file__).resolve().parents[1] / "findings"
 

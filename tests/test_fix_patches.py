@@ -139,7 +139,7 @@ def test_harness_judges_patched_generator_lossless(patched, tmp_path):
     pythonpath = os.pathsep.join((str(root), str(ROOT)))  # the patched transformers, then this worktree
     assert imported_from(sys.executable, pythonpath).is_relative_to(root)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=pythonpath)
-    proc = subprocess.run([sys.executable, "-m", "lossless_check.cli", *fix.command()],
+    proc = subprocess.run([sys.executable, "-m", "lossless_check.faces.cli", *fix.command()],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 

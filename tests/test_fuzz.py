@@ -9,7 +9,7 @@
   run (5000 samples, ``iid8``) then flags.
 
 Error rate of the statistical property: ``fuzz`` spends ``ALPHA_FAMILY`` over every statistical test
-it makes, ``alpha_k = ALPHA_FAMILY * 6 / (pi**2 k**2)`` for the k-th (see :mod:`lossless_check.fuzzing`).
+it makes, ``alpha_k = ALPHA_FAMILY * 6 / (pi**2 k**2)`` for the k-th (see :mod:`lossless_check.faces.fuzzing`).
 
 Power: at ``SAMPLES`` trials an example detects a total variation of about 0.25 (each record states
 its own); exact support violations are caught at any sample count. Drafter-contract bugs smaller
@@ -20,15 +20,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lossless_check.adapters import resolve_generator
-from lossless_check.fuzzing import fuzz
-from lossless_check.errors import UsageError
+from lossless_check.subjects.adapters import resolve_generator
+from lossless_check.faces.fuzzing import fuzz
+from lossless_check.core.errors import UsageError
 from lossless_check.modes.provenance import provenance_check
-from lossless_check.api import run_cases as run
-from lossless_check.results import Case
-from lossless_check.scenarios import DEFAULT, IID
+from lossless_check.faces.api import run_cases as run
+from lossless_check.evidence.results import Case
+from lossless_check.laws.scenarios import DEFAULT, IID
 from lossless_check.strategies import OPTIONS, scenarios, stack_options, warper_stacks
-from lossless_check.warpers import format_warpers, parse_warpers
+from lossless_check.laws.warpers import format_warpers, parse_warpers
 from fixtures.releases import DFLASH, needs
 
 GENERATOR = "DFlashTokenCandidateGenerator"
@@ -48,7 +48,7 @@ MASKED = 2
 
 
 def test_every_catalog_option_is_fuzzed():
-    from lossless_check.matrix import CATALOG
+    from lossless_check.laws.matrix import CATALOG
 
     assert {e.option for e in CATALOG} <= set(OPTIONS)
 

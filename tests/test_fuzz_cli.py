@@ -11,9 +11,9 @@ from fixtures.releases import skip_module_without
 
 skip_module_without("DFlashTokenCandidateGenerator")  # two of the three controls are DFlash subclasses
 from fixtures import three_way  # noqa: E402
-from lossless_check import fuzzing  # noqa: E402
-from lossless_check.cli import main  # noqa: E402
-from lossless_check.warpers import parse_warpers  # noqa: E402
+from lossless_check.faces import fuzzing  # noqa: E402
+from lossless_check.faces.cli import main  # noqa: E402
+from lossless_check.laws.warpers import parse_warpers  # noqa: E402
 
 THREE_WAY = ["AssistedWrongUnderTemperatureTopKRepetition", "DFlashWrongUnderNgramRepetitionTopP",
              "DFlashWrongUnderTypicalBiasSuppress"]
@@ -89,9 +89,9 @@ def test_builtin_generator_passes_and_states_its_power():
 
 
 def test_vacuous_criterion():
-    from lossless_check.adapters import resolve_generator
-    from lossless_check.results import Case
-    from lossless_check.scenarios import DEFAULT
+    from lossless_check.subjects.adapters import resolve_generator
+    from lossless_check.evidence.results import Case
+    from lossless_check.laws.scenarios import DEFAULT
 
     generator = resolve_generator("DFlashTokenCandidateGenerator")
     assert fuzzing.is_vacuous(Case(generator, {"top_k": 1}, scenario=DEFAULT))
@@ -115,7 +115,7 @@ def test_a_generator_that_raises_is_an_error_not_a_losslessness_verdict_and_fuzz
 
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-m", "lossless_check.cli", "fuzz", "--generator",
+    done = subprocess.run([sys.executable, "-m", "lossless_check.faces.cli", "fuzz", "--generator",
                            "fixtures.raising:DFlashRaises", "--examples", "3", "--json", "out/fuzz.json"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 1, done.stderr

@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from lossless_check.gate import gate, to_html, to_markdown, write_reports
-from lossless_check.report import to_json
-from lossless_check.results import CaseResult, RunResult
+from lossless_check.faces.gate import gate, to_html, to_markdown, write_reports
+from lossless_check.outputs.report import to_json
+from lossless_check.evidence.results import CaseResult, RunResult
 from fixtures.releases import DFLASH, needs
 
 pytest.importorskip("matplotlib")
@@ -79,7 +79,7 @@ def test_gate_runs_a_matrix_and_writes_reports(tmp_path):
 
 
 def test_the_verifier_beside_a_gate_is_reported_and_does_not_fail_it():
-    from lossless_check.verifier_report import VERIFIER_MODE, VERIFIER_NAME
+    from lossless_check.outputs.verifier_report import VERIFIER_MODE, VERIFIER_NAME
 
     result = _result()
     verifier = CaseResult(VERIFIER_NAME, "-", VERIFIER_MODE, "markov8", verdict="not_lossless", subject=False,
@@ -147,12 +147,12 @@ def test_without_matplotlib_the_gate_writes_its_reports_and_says_plots_need_it(t
     import sys
     from pathlib import Path
 
-    from lossless_check.gate import NO_PLOTS
+    from lossless_check.faces.gate import NO_PLOTS
 
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "gate"
     script = ("import sys; sys.modules['matplotlib'] = None  # import matplotlib raises ImportError\n"
-              "from lossless_check.cli import main\n"
+              "from lossless_check.faces.cli import main\n"
               f"sys.exit(main(['gate', '--generator', 'fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits', "
               f"'--matrix', 'smoke', '--scenario', 'iid8', '--samples', '2000', '--generate-samples', '100', "
               f"'--out', {str(out)!r}, '--quiet']))\n")

@@ -13,18 +13,20 @@ import torch
 
 from fixtures.releases import (ASSISTED_STALE_CACHE_POSITION, PROMPT_LOOKUP_CRASHES_WITHOUT_EOS,
                                PROMPT_LOOKUP_OVERSHOOTS, needs, within)
-from lossless_check.adapters import resolve_generator
-from lossless_check.api import cases_for
+from lossless_check.subjects.adapters import resolve_generator
+from lossless_check.faces.api import cases_for
 from lossless_check.modes import greedy
-from lossless_check.modes.greedy import (GREEDY_OPTIONS, Comparison, _Argmax, _verdict, greedy_stacks, prompts_for,
-                                         run_greedy_case)
-from lossless_check.modes.loop_models import (ASSISTED, DFLASH, DIFFERENT_TOKENIZERS, EARLY_EXIT, MTP, PROMPT_LOOKUP,
-                                              SINGLE_POSITION, UNIVERSAL)
+from lossless_check.modes.greedy import (
+    GREEDY_OPTIONS, Comparison, _Argmax, _verdict, greedy_stacks, prompts_for, run_greedy_case,
+)
+from lossless_check.modes.loop_models import (
+    ASSISTED, DFLASH, DIFFERENT_TOKENIZERS, EARLY_EXIT, MTP, PROMPT_LOOKUP, SINGLE_POSITION, UNIVERSAL,
+)
 from lossless_check.modes.tiny_llama import TINY_LLAMA
-from lossless_check.mutation import GREEDY_MUTANTS, run_greedy_mutant
-from lossless_check.results import Case
-from lossless_check.scenarios import DEFAULT, IID
-from lossless_check.stubs import fixed_logits_lm
+from lossless_check.faces.mutation import GREEDY_MUTANTS, run_greedy_mutant
+from lossless_check.evidence.results import Case
+from lossless_check.laws.scenarios import DEFAULT, IID
+from lossless_check.laws.stubs import fixed_logits_lm
 
 #: generate() raises on these families under some greedy stacks (transformers defects), as
 #: [first, first fixed) and a word of the error.
@@ -159,7 +161,7 @@ def test_every_pair_of_greedy_processors_is_a_stack():
 def _plain_greedy(stack, prompt, max_new_tokens=11):
     from transformers import GenerationConfig
 
-    from lossless_check.compat import release_warpers
+    from lossless_check.core.compat import release_warpers
 
     model = fixed_logits_lm(DEFAULT.target, prompt_length=len(prompt))
     config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, **release_warpers(stack))
@@ -224,7 +226,7 @@ def test_greedy_rows_join_the_main_job_and_greedy_mode_but_not_a_named_step_run(
 def test_cli_greedy_mode_reports_a_row_per_generator(tmp_path, monkeypatch):
     import json
 
-    from lossless_check.cli import main
+    from lossless_check.faces.cli import main
 
     monkeypatch.setattr(greedy, "PROMPTS", 2)
     out = tmp_path / "report.json"

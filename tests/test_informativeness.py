@@ -7,12 +7,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lossless_check.adapters import resolve_generator
-from lossless_check.api import run_cases
-from lossless_check.cli import samples_to_detect
-from lossless_check.informativeness import case_informative_positions, informative_positions
-from lossless_check.results import Case, CaseResult, RunResult, decide
-from lossless_check.scenarios import SCENARIOS
+from lossless_check.subjects.adapters import resolve_generator
+from lossless_check.faces.api import run_cases
+from lossless_check.faces.cli import samples_to_detect
+from lossless_check.modes.informativeness import case_informative_positions, informative_positions
+from lossless_check.evidence.results import Case, CaseResult, RunResult, decide
+from lossless_check.laws.scenarios import SCENARIOS
 from lossless_check.strategies import informative_stacks
 from fixtures.releases import DFLASH, assisted_samples, needs
 

@@ -32,7 +32,7 @@ def lossless_check(*args: str, hang: bool = False, **popen) -> subprocess.Popen:
     env.pop("LOSSLESS_TEST_HANG", None)
     if hang:
         env["LOSSLESS_TEST_HANG"] = "1"
-    return subprocess.Popen([sys.executable, "-m", "lossless_check.cli", *args], cwd=ROOT, env=env,
+    return subprocess.Popen([sys.executable, "-m", "lossless_check.faces.cli", *args], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
 
 
@@ -159,7 +159,7 @@ def test_a_split_case_killed_midway_resumes_from_its_finished_chunks(tmp_path, h
     chunks = tmp_path / "r.json.journal.chunks"
     running = lossless_check(*args, "--json", str(report), start_new_session=True)
     deadline = time.monotonic() + 300
-    # The split case has 51 chunks (lossless_check.engine.chunk_sizes): stop it with about half done.
+    # The split case has 51 chunks (lossless_check.running.chunks.chunk_sizes): stop it with about half done.
     while not (journal.exists() and len(journal.read_text().splitlines()) >= 2 and kept_chunks(chunks) >= 25):
         assert running.poll() is None and time.monotonic() < deadline, finish(running)
         time.sleep(0.1)
@@ -180,9 +180,9 @@ def test_a_resumed_case_collects_only_the_chunks_not_kept_and_ends_as_an_uninter
     result (every field, timings aside) is the uninterrupted one's, sequential e-values included."""
     import dataclasses
 
-    from lossless_check.api import cases_for, run_cases
-    from lossless_check.engine import chunk_sizes
-    from lossless_check.journal import ChunkStore
+    from lossless_check.faces.api import cases_for, run_cases
+    from lossless_check.running.chunks import chunk_sizes
+    from lossless_check.running.journal import ChunkStore
     from lossless_check.modes import step
 
     cases = cases_for(["AssistedCandidateGenerator"], ["top_k=3", "temperature=0.6"], None, "step", "iid8")
@@ -210,7 +210,7 @@ def test_a_resumed_case_collects_only_the_chunks_not_kept_and_ends_as_an_uninter
 
 
 def test_a_kept_chunk_is_read_back_only_under_the_facts_it_was_collected_under(tmp_path):
-    from lossless_check.journal import ChunkStore
+    from lossless_check.running.journal import ChunkStore
 
     store = ChunkStore(tmp_path / "chunks")
     store.save("case", None, 0, [1, 2, 3], {"order": [1, 0]})
@@ -278,7 +278,7 @@ def test_a_sweep_resumed_continues_a_release_run_that_was_killed(tmp_path, monke
     (``run --resume``), and its report is the uninterrupted run's."""
     import transformers
 
-    from lossless_check import sweep as history
+    from lossless_check.history import sweep as history
 
     release = transformers.__version__  # the installed release runs in this interpreter: no environment to build
     args = ["run", "--generator", "AssistedCandidateGenerator", "--warpers", "top_k=3", "--warpers", "temperature=0.6",

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from lossless_check.api import cases_for, run_cases
-from lossless_check.journal import Journal, run_identity
+from lossless_check.faces.api import cases_for, run_cases
+from lossless_check.running.journal import Journal, run_identity
 from lossless_check.modes import MODES
-from lossless_check.report import _clean
+from lossless_check.outputs.report import _clean
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -32,15 +32,15 @@ def test_every_modes_result_round_trips_through_the_journal(tmp_path, mode):
 
 
 def test_a_journal_entry_names_only_the_librarys_result_classes():
-    from lossless_check.journal import result_from_dict
+    from lossless_check.running.journal import result_from_dict
 
     with pytest.raises(ValueError):
         result_from_dict({"class": "os:system", "result": {}})
 
 
 def test_an_entry_log_reads_back_its_own_runs_entries_only(tmp_path):
-    from lossless_check.errors import UsageError
-    from lossless_check.journal import EntryLog
+    from lossless_check.core.errors import UsageError
+    from lossless_check.running.journal import EntryLog
 
     log = EntryLog(tmp_path / "j.jsonl", {"seed": 0}, resume=False)
     log.chunks.save("case", None, 0, [1], None)

@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from fixtures.releases import DECAY_PENALTY_NAN_AFTER_MASKED_EOS, within
-from lossless_check.errors import PlainSamplingFails
-from lossless_check.expected import ExactLaws
-from lossless_check.informativeness import pair_coverage, reference_informative_positions
-from lossless_check.matrix import available_catalog, matrix, pairwise_stacks
-from lossless_check.scenarios import DEFAULT
-from lossless_check.stubs import fixed_logits_lm
-from lossless_check.warpers import capture_processors, format_warpers, parse_warpers
+from lossless_check.core.errors import PlainSamplingFails
+from lossless_check.laws.expected import ExactLaws
+from lossless_check.modes.informativeness import pair_coverage, reference_informative_positions
+from lossless_check.laws.matrix import available_catalog, matrix, pairwise_stacks
+from lossless_check.laws.scenarios import DEFAULT
+from lossless_check.laws.stubs import fixed_logits_lm
+from lossless_check.laws.warpers import capture_processors, format_warpers, parse_warpers
 
 
 def _laws(warpers):
@@ -94,8 +94,8 @@ def test_default_matrix_holds_every_single_entry():
 
 
 def test_named_matrices_add_their_real_world_cases_on_the_default_scenario_only():
-    from lossless_check.api import cases_for
-    from lossless_check.matrix import REAL_WORLD_SLICES
+    from lossless_check.faces.api import cases_for
+    from lossless_check.laws.matrix import REAL_WORLD_SLICES
 
     generator = "AssistedCandidateGenerator"
     default = cases_for(generator, matrix="default")

@@ -10,7 +10,8 @@ import json
 import pytest
 import torch
 
-from lossless_check.cli import EXIT_NOT_LOSSLESS, EXIT_OK, EXIT_USAGE, main
+from lossless_check.core.exit_codes import EXIT_NOT_LOSSLESS, EXIT_OK, EXIT_USAGE
+from lossless_check.faces.cli import main
 
 VOCAB = 49_152
 MUTANT = "fixtures.mutants.assisted_raw_logits:AssistedReturnsRawLogits"

@@ -2,10 +2,10 @@
 
 import pytest
 
-from lossless_check.adapters import resolve_generator
-from lossless_check.api import run_cases as run_modes
-from lossless_check.results import Case
-from lossless_check.scenarios import IID
+from lossless_check.subjects.adapters import resolve_generator
+from lossless_check.faces.api import run_cases as run_modes
+from lossless_check.evidence.results import Case
+from lossless_check.laws.scenarios import IID
 from fixtures.releases import DFLASH, needs
 
 MUTANT = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from fixtures.releases import needs
-from lossless_check.mutation import MUTANTS, exact_tv, installed, run_mutant, samples_needed
+from lossless_check.faces.mutation import MUTANTS, exact_tv, installed, run_mutant, samples_needed
 
 ALPHA = 1e-6
 EQUIVALENT_SAMPLES = 1500
@@ -69,8 +69,8 @@ def test_equivalent_mutant_passes(mutant):
 def test_a_mutant_the_release_cannot_run_is_reported_not_judged(monkeypatch, capsys):
     """A mutant whose base class is absent is neither caught nor missed, and a catalog of which none
     can run is a failure of the self-test, not a pass."""
-    from lossless_check import mutation
-    from lossless_check.cli import main
+    from lossless_check.faces import mutation
+    from lossless_check.faces.cli import main
 
     absent = MUTANTS[0]._replace(family="NoSuchCandidateGenerator")
     assert not installed(absent)

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 import lossless_check as lc
-from lossless_check.adapters import ADAPTERS
-from lossless_check.matrix import matrix
-from lossless_check.results import CaseResult, decide
-from lossless_check.warpers import format_warpers
+from lossless_check.subjects.adapters import ADAPTERS
+from lossless_check.laws.matrix import matrix
+from lossless_check.evidence.results import CaseResult, decide
+from lossless_check.laws.warpers import format_warpers
 from fixtures.releases import DFLASH, needs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +44,7 @@ def test_the_checker_catches_a_false_inequality():
 
 def cli(*args: str) -> str:
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    done = subprocess.run([sys.executable, "-m", "lossless_check.cli", *args], cwd=ROOT, env=env,
+    done = subprocess.run([sys.executable, "-m", "lossless_check.faces.cli", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode in (0, 1), done.stderr
     return done.stdout + done.stderr
@@ -106,8 +106,8 @@ def test_a_case_rejected_by_holm_alone_says_so_truly():
 def test_the_tv_column_is_the_largest_per_position_tv_beside_the_detectable_tv_there(capsys):
     """The issue's table showed position 1's TV 0.0390 beside a detectable TV 0.3358 while the failure
     was at positions 2-3: the cells are now the largest TV, its position, and the power there."""
-    from lossless_check.report import print_table, tv_cells
-    from lossless_check.results import RunResult
+    from lossless_check.outputs.report import print_table, tv_cells
+    from lossless_check.evidence.results import RunResult
 
     case = CaseResult("G", "top_k=3", "step", "markov8", verdict="not_lossless", samples=500, tv=0.0390,
                       tv_detectable=0.0938, positions=[{"position": 1, "tv": 0.0390, "tv_detectable": 0.0938},
@@ -126,12 +126,12 @@ def test_an_expected_batch_1_fallback_and_a_blind_exact_pass_read_as_facts_on_a_
     """An honest Gumbel-max drafter (fixtures/samplers.py): its draws cannot be forced, so it runs at
     batch 1, said as the expected fact it is (not as a row that "differs"); its exact provenance pass
     cannot see the sampler (a gap), said in the table's note, the summary and the gate's headline."""
-    from lossless_check.gate import to_markdown
+    from lossless_check.faces.gate import to_markdown
     from lossless_check.modes.replay import UNFORCEABLE
-    from lossless_check.report import print_table, to_json
-    from lossless_check.results import BLIND
+    from lossless_check.outputs.report import print_table, to_json
+    from lossless_check.evidence.results import BLIND
 
-    from lossless_check.api import cases_for, run_cases
+    from lossless_check.faces.api import cases_for, run_cases
 
     # Mode "all": step with the exact provenance pass beside it (its generate-mode case left out here).
     run = run_cases(cases_for("fixtures.samplers:GumbelDFlash", "top_k=3", None, "all", "iid8")[:1], 1000, 1e-6, 0)
@@ -147,8 +147,8 @@ def test_an_expected_batch_1_fallback_and_a_blind_exact_pass_read_as_facts_on_a_
 
 
 def test_fuzz_says_its_exact_pass_was_blind():
-    from lossless_check.fuzzing import FuzzResult
-    from lossless_check.results import BLIND
+    from lossless_check.faces.fuzzing import FuzzResult
+    from lossless_check.evidence.results import BLIND
 
     records = [{"stack": f"top_k={k}", "vacuous": False, "exact": "gap", "verdict": "lossless", "alpha": 1e-7,
                 "tv_detectable": 0.09} for k in (2, 3)]

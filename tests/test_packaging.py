@@ -41,7 +41,7 @@ def test_sdist_and_wheel_build_and_their_metadata_checks_out(tmp_path):
         entry_points = archive.read(info.replace("METADATA", "entry_points.txt")).decode()
     assert modules <= names, sorted(modules - names)
     assert not [n for n in names if n.split("/")[0] in ("tests", "fixtures", "findings", "benchmarks")]
-    assert "lossless-check = lossless_check.cli:main" in entry_points
+    assert "lossless-check = lossless_check.faces.cli:main" in entry_points
     assert "lossless_check = lossless_check._pytest_entry" in entry_points
     assert metadata["Name"] == "lossless-check" and metadata["Description-Content-Type"] == "text/markdown"
     requires = metadata.get_all("Requires-Dist")

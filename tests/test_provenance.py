@@ -9,13 +9,15 @@ import torch
 from transformers.generation import candidate_generator
 
 from fixtures.releases import ASSISTED_DRAFTS_GREEDILY, INSTALLED, needs, within
-from lossless_check.adapters import ADAPTERS, ResolvedGenerator, resolve_generator
+from lossless_check.subjects.adapters import ADAPTERS, ResolvedGenerator, resolve_generator
+from lossless_check.modes.interception import ARGMAX, SAMPLE, Draw
 from lossless_check.modes.provenance import (
-    ARGMAX, NOISE, SAMPLE, TOLERANCE, Draw, Interception, compare_row, disagreement, match_draws, provenance_check,
-    run_provenance_case)
+    compare_row, disagreement, match_draws, provenance_check, run_provenance_case,
+)
+from lossless_check.modes.interception import NOISE, TOLERANCE, Interception
 from lossless_check.modes.step import StepCase
-from lossless_check.results import Case
-from lossless_check.scenarios import DEFAULT, IID
+from lossless_check.evidence.results import Case
+from lossless_check.laws.scenarios import DEFAULT, IID
 
 MUTANT = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
 DFLASH = "DFlashTokenCandidateGenerator"

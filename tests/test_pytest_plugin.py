@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from lossless_check.cli import build_parser
+from lossless_check.faces.cli import build_parser
 from fixtures.releases import DFLASH, needs
-from lossless_check.pytest_plugin import check_alpha, failure_message, reproduce_command
-from lossless_check.results import CaseResult
+from lossless_check.faces.pytest_plugin import check_alpha, failure_message, reproduce_command
+from lossless_check.evidence.results import CaseResult
 
 # In-process pytester runs restore sys.modules afterwards: a heavy module first imported inside one
 # (transformers' generation utilities register torch ops) would be imported twice. Import it here.

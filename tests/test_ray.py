@@ -25,7 +25,7 @@ TIMINGS = ("seconds", "samples_per_second")
 def report(tmp_path: Path, name: str, *extra: str) -> list[dict]:
     out = tmp_path / f"{name}.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "lossless_check.cli", *RUN, *extra, "--json", str(out)], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "lossless_check.faces.cli", *RUN, *extra, "--json", str(out)], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 1, done.stdout + done.stderr  # the mutant is not lossless
     return [{k: v for k, v in case.items() if k not in TIMINGS} for case in json.loads(out.read_text())["cases"]]
@@ -50,8 +50,8 @@ def test_a_case_split_across_a_two_node_cluster_gives_the_unsplit_result(monkeyp
     """Chunks as Ray tasks on two nodes, looks in the driver: the run of one worker, timings aside."""
     import dataclasses
 
-    from lossless_check import scheduler
-    from lossless_check.api import cases_for, run_cases
+    from lossless_check.running import scheduler
+    from lossless_check.faces.api import cases_for, run_cases
 
     cases = cases_for(["DFlashTokenCandidateGenerator", "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"],
                       ["top_k=3"], None, "step", "iid8")
@@ -79,8 +79,8 @@ def test_a_node_lost_mid_run_costs_a_retry_of_its_chunk_not_of_the_case(tmp_path
     import threading
     import time
 
-    from lossless_check.api import cases_for, run_cases
-    from lossless_check.engine import chunk_sizes
+    from lossless_check.faces.api import cases_for, run_cases
+    from lossless_check.running.chunks import chunk_sizes
     from lossless_check.modes.replay import replays_per_chunk
 
     samples = 8000  # 11 chunks

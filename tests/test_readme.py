@@ -37,7 +37,7 @@ def test_the_fuzzing_example_finds_the_three_warpers(tmp_path):
     for name, code in python_files("Fuzzing").items():
         (tmp_path / name).write_text(code)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(README.parent), str(tmp_path)])}
-    cli = subprocess.run([sys.executable, "-m", "lossless_check.cli", "fuzz", "--generator",
+    cli = subprocess.run([sys.executable, "-m", "lossless_check.faces.cli", "fuzz", "--generator",
                           "my_fuzzed:MyFastPathDrafter", "--quiet"], cwd=tmp_path, env=env, capture_output=True,
                          text=True)
     assert cli.returncode == 1, cli.stderr

@@ -8,7 +8,7 @@ import pytest
 
 from test_gate import _result
 
-from lossless_check.gate import write_reports
+from lossless_check.faces.gate import write_reports
 
 pytest.importorskip("matplotlib")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

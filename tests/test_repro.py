@@ -18,11 +18,11 @@ from packaging.version import Version
 
 from fixtures.releases import (ASSISTED_DRAFTS_GREEDILY, ASSISTED_REFUSES_MIN_LENGTH, PROMPT_LOOKUP_CRASHES_WITHOUT_EOS,
                                PROMPT_LOOKUP_OVERSHOOTS, needs, within)
-from lossless_check.api import cases_for
-from lossless_check.cli import main
-from lossless_check.adapters import ADAPTERS
-from lossless_check.repro import LEGACY_RELEASE, SUPPORTED, UNSUPPORTED_FAMILIES, script_for, write_repro
-from lossless_check.stubs import LEGACY_GENERATION
+from lossless_check.faces.api import cases_for
+from lossless_check.faces.cli import main
+from lossless_check.subjects.adapters import ADAPTERS
+from lossless_check.outputs.repro import LEGACY_RELEASE, SUPPORTED, UNSUPPORTED_FAMILIES, script_for, write_repro
+from lossless_check.laws.stubs import LEGACY_GENERATION
 from test_findings import ALLOWED_IMPORTS, FINDINGS, imported_modules
 
 UNIVERSAL = "UniversalSpeculativeDecodingGenerator"
@@ -162,6 +162,6 @@ def test_generated_finding_is_current(tmp_path, path):
 
 
 def test_supported_families_are_built_in_generators():
-    from lossless_check.builtin import BUILTIN_GENERATORS
+    from lossless_check.subjects.builtin import BUILTIN_GENERATORS
 
     assert set(SUPPORTED) <= set(BUILTIN_GENERATORS)

@@ -5,13 +5,13 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lossless_check.adapters import resolve_generator
-from lossless_check.cli import _cases, build_parser
-from lossless_check.errors import GeneratorFailure, UsageError
-from lossless_check.api import run_cases as run
-from lossless_check.candidates import check_candidates
-from lossless_check.results import Case
-from lossless_check.scenarios import IID
+from lossless_check.subjects.adapters import resolve_generator
+from lossless_check.faces.cli import _cases, build_parser
+from lossless_check.core.errors import GeneratorFailure, UsageError
+from lossless_check.faces.api import run_cases as run
+from lossless_check.subjects.candidates import check_candidates
+from lossless_check.evidence.results import Case
+from lossless_check.laws.scenarios import IID
 from fixtures.releases import DFLASH, needs
 
 

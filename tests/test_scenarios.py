@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import lossless_check as lc
-from lossless_check.adapters.vocabularies import assistant_words, target_words, tokenizer_pair
-from lossless_check.scenarios import SCENARIOS
+from lossless_check.subjects.adapters.vocabularies import assistant_words, target_words, tokenizer_pair
+from lossless_check.laws.scenarios import SCENARIOS
 from fixtures.releases import DFLASH, assisted_samples, lossless_builtins, needs, universal_permutes_q
 
 UNIVERSAL = "UniversalSpeculativeDecodingGenerator"
@@ -44,7 +44,7 @@ def test_id_ordered_control_iterates_in_id_order():
 def _permuted_first_token_tv(order: list[int]) -> float:
     """TV of the first emitted token from the target law, predicted from the order the translator saw
     (``q`` returned for target word ``t`` is the drafted ``q`` of another word)."""
-    from lossless_check.expected import first_token_law
+    from lossless_check.laws.expected import first_token_law
 
     scenario = SCENARIOS["iid32-fast-tokenizers"]
     words = assistant_words(scenario.vocab_size)
@@ -74,7 +74,7 @@ def test_universal_is_not_lossless_with_real_fast_tokenizers():
     """Step mode, fixed n (the bound holds at a fixed n, not at a data-chosen stop). The first-token
     TV is the one the recorded hash order predicts, within
     :func:`tv_error_bound` (false-failure rate 1e-4)."""
-    from lossless_check.adapters.universal import UniversalAdapter
+    from lossless_check.subjects.adapters.universal import UniversalAdapter
 
     case = lc.check(UNIVERSAL, warpers="none", scenario="iid32-fast-tokenizers", samples=2000, sequential=False)
     order = UniversalAdapter.last_vocabulary_order
@@ -104,7 +104,7 @@ def test_universal_in_generate_is_not_lossless_with_real_fast_tokenizers():
 
 
 def test_list_shows_the_new_scenarios(capsys):
-    from lossless_check.cli import main
+    from lossless_check.faces.cli import main
 
     assert main(["list"]) == 0
     out = capsys.readouterr().out
@@ -120,7 +120,7 @@ def _zipf_law() -> np.ndarray:
 
 
 def test_coarsening_is_a_partition_fixed_by_the_law():
-    from lossless_check.analysis import COARSE_CELLS, TAIL_BUCKETS, TOP_CELLS, coarsening
+    from lossless_check.evidence.analysis import COARSE_CELLS, TAIL_BUCKETS, TOP_CELLS, coarsening
 
     law = _zipf_law().copy()
     law[:5] = 0.0  # tokens the law forbids
@@ -140,7 +140,7 @@ def test_coarsening_is_a_partition_fixed_by_the_law():
 def test_coarsened_test_keeps_its_level_and_its_power():
     """Null: exact draws from the law pass; a negative control moving 10% of the mass from the top
     tokens into the tail (what raw logits under top-p do) fails at the same sample size."""
-    from lossless_check.analysis import strata
+    from lossless_check.evidence.analysis import strata
     from lossless_check.stats import verdict_test
 
     law = _zipf_law()
@@ -158,7 +158,7 @@ def test_coarsened_test_keeps_its_level_and_its_power():
 
 
 def test_support_violation_stays_exact_on_the_full_vocabulary():
-    from lossless_check.analysis import strata
+    from lossless_check.evidence.analysis import strata
 
     law = _zipf_law().copy()
     forbidden = int(np.argmin(law))
@@ -190,7 +190,7 @@ SAMPLING_GENERATORS = ["AssistedCandidateGenerator", "DFlashTokenCandidateGenera
 
 
 def test_scenario_names_in_the_cli_are_the_scenarios():
-    from lossless_check.cli import SCENARIO_NAMES
+    from lossless_check.faces.cli import SCENARIO_NAMES
 
     assert set(SCENARIO_NAMES) == set(SCENARIOS) | {"tiny-llama"}
 
@@ -198,7 +198,7 @@ def test_scenario_names_in_the_cli_are_the_scenarios():
 def test_stubs_emit_logits_in_the_scenario_dtype():
     import torch
 
-    from lossless_check.stubs import fixed_logits_lm
+    from lossless_check.laws.stubs import fixed_logits_lm
 
     scenario = SCENARIOS["markov8-bf16"]
     model = fixed_logits_lm(scenario.target, prompt_length=len(scenario.prompt))
@@ -211,9 +211,9 @@ def test_stubs_emit_logits_in_the_scenario_dtype():
 def _top_k_2_support(scenario_name: str) -> int:
     import torch
 
-    from lossless_check.expected import ExactLaws
-    from lossless_check.stubs import fixed_logits_lm
-    from lossless_check.warpers import capture_processors
+    from lossless_check.laws.expected import ExactLaws
+    from lossless_check.laws.stubs import fixed_logits_lm
+    from lossless_check.laws.warpers import capture_processors
 
     scenario = SCENARIOS[scenario_name]
     model = fixed_logits_lm(scenario.target, prompt_length=len(scenario.prompt))
@@ -240,13 +240,13 @@ def test_sampling_generators_are_lossless_in_bf16(generator):
 
 @needs(DFLASH)
 def test_expected_law_of_the_unrounded_table_fails_a_lossless_generator(monkeypatch):
-    """Negative control of the rounding in :mod:`lossless_check.expected`: laws of the float32 table
+    """Negative control of the rounding in :mod:`lossless_check.laws.expected`: laws of the float32 table
     (stubs still emitting bf16) call the third token of the bf16 tie impossible, and real DFlash fails
     on support as soon as it emits it (probability 0.22 at position 1; measured, seed 0: stops at
     125 trials, failed check ``support``)."""
     import torch
 
-    from lossless_check.tables import FixedLogits
+    from lossless_check.laws.tables import FixedLogits
 
     monkeypatch.setattr(FixedLogits, "emitted",
                         lambda self, i, t: torch.tensor(self.logits(i, t), dtype=torch.float32))
@@ -284,8 +284,9 @@ def test_dflash_without_processors_returns_a_half_precision_q():
 
     import torch
 
-    from lossless_check.api import cases_for
-    from lossless_check.modes.provenance import Interception, compare_row, match_draws
+    from lossless_check.faces.api import cases_for
+    from lossless_check.modes.interception import Interception
+    from lossless_check.modes.provenance import compare_row, match_draws
     from lossless_check.modes.step import StepCase
 
     [case] = cases_for(["DFlashTokenCandidateGenerator"], "none", None, "step", "markov8-bf16", 4)[:1]
@@ -321,9 +322,9 @@ def test_assisted_with_a_padded_drafter_is_an_error_as_in_transformers(mode, mes
 def test_padded_q_is_named_as_the_error_the_verifier_raises():
     import torch
 
-    from lossless_check.candidates import check_candidates
-    from lossless_check.compat import speculative_sampling
-    from lossless_check.errors import GeneratorFailure
+    from lossless_check.subjects.candidates import check_candidates
+    from lossless_check.core.compat import speculative_sampling
+    from lossless_check.core.errors import GeneratorFailure
 
     ids = torch.tensor([[3, 1, 4, 2, 2, 2]])
     q, p = torch.zeros(1, 3, 16), torch.zeros(1, 4, 8)
@@ -364,7 +365,7 @@ def test_bpe_tokenizers_are_plain_trained_offline_and_overlapping():
     probability 1/290!); the prompt is the target's encoding of ASCII text, which round-trips."""
     from transformers import PreTrainedTokenizerFast
 
-    from lossless_check.adapters.vocabularies import bpe_words
+    from lossless_check.subjects.adapters.vocabularies import bpe_words
 
     scenario = SCENARIOS["bpe-fast-tokenizers"]
     target, assistant = tokenizer_pair(scenario.tokenizers, scenario.vocab_size)
@@ -395,9 +396,9 @@ def test_bpe_training_is_deterministic_across_processes():
     import subprocess
     import sys
 
-    from lossless_check.adapters.vocabularies import bpe_words
+    from lossless_check.subjects.adapters.vocabularies import bpe_words
 
-    code = ("import json; from lossless_check.adapters.vocabularies import bpe_words; "
+    code = ("import json; from lossless_check.subjects.adapters.vocabularies import bpe_words; "
             "print(json.dumps(bpe_words(300)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**__import__("os").environ, "PYTHONHASHSEED": "12345", "OMP_NUM_THREADS": "1"})
@@ -407,7 +408,7 @@ def test_bpe_training_is_deterministic_across_processes():
 def test_bpe_assistant_table_follows_the_token_strings():
     """The assistant stub's logits are the scenario's drafter logits of the same token string; the
     assistant's own tokens (``<|endoftext|>``, ``Ġship``...) a constant 0."""
-    from lossless_check.adapters.vocabularies import assistant_table, bpe_words
+    from lossless_check.subjects.adapters.vocabularies import assistant_table, bpe_words
 
     scenario = SCENARIOS["bpe-fast-tokenizers"]
     target_tokens, assistant_tokens = bpe_words(scenario.vocab_size)
@@ -422,8 +423,8 @@ def _bpe_first_token_tvs(orders: list[list[int]]) -> np.ndarray:
     """First-token TV of Universal on the BPE scenario, under generate()'s default top_k=50 (warpers
     ``none``), for each order of the shared assistant ids the translator could see: the pruned head
     holds the shared tokens in that order, the returned q scatters them back in id order."""
-    from lossless_check.adapters.vocabularies import bpe_words
-    from lossless_check.expected import first_token_law
+    from lossless_check.subjects.adapters.vocabularies import bpe_words
+    from lossless_check.laws.expected import first_token_law
 
     scenario = SCENARIOS["bpe-fast-tokenizers"]
     target_tokens, assistant_tokens = bpe_words(scenario.vocab_size)
@@ -453,7 +454,7 @@ def test_bpe_first_token_tv_over_random_orders():
     ``get_vocab()`` orders of the plain assistant tokenizer, minimum 0.352. The share of q's mass a
     random order scatters onto tokens whose returned q is 0 (a first draft step mode flags exactly) was
     at least 0.305 over the same 200,000 orders (median 0.844)."""
-    from lossless_check.adapters.vocabularies import bpe_words
+    from lossless_check.subjects.adapters.vocabularies import bpe_words
 
     scenario = SCENARIOS["bpe-fast-tokenizers"]
     target_tokens, assistant_tokens = bpe_words(scenario.vocab_size)
@@ -521,7 +522,7 @@ KEPT_MASS_ACCURACY = 1e-3
 
 
 def _kept_mass_error(rows: np.ndarray) -> float:
-    from lossless_check.scenarios import LM_POSITIONS, LM_TOP_K, UPSTREAM_KEPT_MASS, kept_mass, quantile_levels
+    from lossless_check.laws.scenarios import LM_POSITIONS, LM_TOP_K, UPSTREAM_KEPT_MASS, kept_mass, quantile_levels
 
     wanted = np.interp(quantile_levels(LM_POSITIONS), list(UPSTREAM_KEPT_MASS), list(UPSTREAM_KEPT_MASS.values()))
     return float(np.abs(kept_mass(rows, LM_TOP_K) - wanted).max())
@@ -539,8 +540,8 @@ def test_lm49k_kept_mass_follows_the_upstream_quantiles():
 
 
 def test_quantile_levels_start_at_the_median_and_cover_the_grid():
-    from lossless_check.errors import UsageError
-    from lossless_check.scenarios import quantile_levels
+    from lossless_check.core.errors import UsageError
+    from lossless_check.laws.scenarios import quantile_levels
 
     levels = quantile_levels(7)
     assert levels.tolist() == [0.5, 0.25, 0.75, 0.125, 0.625, 0.375, 0.875]
@@ -567,7 +568,7 @@ def test_row_select_head_projects_exactly_in_every_dtype():
     head whose weights are off in one entry (the control) does not."""
     import torch
 
-    from lossless_check.stubs import RowSelectHead
+    from lossless_check.laws.stubs import RowSelectHead
 
     rows64 = SCENARIOS["zipf32k"].drafter.rows[:, :4096]
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -591,7 +592,7 @@ def test_two_vocabulary_stub_is_pruned_by_the_real_translator_at_49k():
     import torch
     from transformers.generation.candidate_generator import AssistantVocabTranslatorCache
 
-    from lossless_check.adapters.vocabularies import assistant_lm, tokenizer_pair
+    from lossless_check.subjects.adapters.vocabularies import assistant_lm, tokenizer_pair
 
     scenario = SCENARIOS["lm49k"]
     target_tok, assistant_tok = tokenizer_pair(scenario.tokenizers, scenario.vocab_size)
@@ -632,9 +633,9 @@ def test_universal_runs_at_32k_and_fails_only_where_get_vocab_is_not_in_id_order
     id-ordered control (1,000 trials, measured 23 s)."""
     from dataclasses import replace
 
-    from lossless_check.adapters import resolve_generator
-    from lossless_check.api import run_cases
-    from lossless_check.results import Case
+    from lossless_check.subjects.adapters import resolve_generator
+    from lossless_check.faces.api import run_cases
+    from lossless_check.evidence.results import Case
 
     scenario = replace(SCENARIOS["zipf32k"], name=f"zipf32k-{tokenizers}", tokenizers=tokenizers)
     case = Case(resolve_generator(UNIVERSAL), {"top_p": 0.9}, "step", scenario)

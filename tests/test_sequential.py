@@ -8,13 +8,13 @@ from scipy.special import logsumexp
 
 from calibration_checks import check_power, rate_check
 
-from lossless_check.adapters import resolve_generator
-from lossless_check.api import run_cases as run
-from lossless_check.engine import case_seed, chunk_sizes, look_schedule
+from lossless_check.subjects.adapters import resolve_generator
+from lossless_check.faces.api import run_cases as run
+from lossless_check.running.chunks import case_seed, chunk_sizes, look_schedule
 from lossless_check.modes.replay import replays_per_chunk
 from lossless_check.modes.step import Observations, StepCase
-from lossless_check.results import Case
-from lossless_check.scenarios import DEFAULT, IID
+from lossless_check.evidence.results import Case
+from lossless_check.laws.scenarios import DEFAULT, IID
 from fixtures.releases import DFLASH, needs
 
 MUTANT = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
@@ -76,7 +76,7 @@ def test_sequential_null_false_failure_rate_through_the_real_verifier():
 def test_sequential_evidence_flags_a_token_outside_the_support():
     """One stratification gives the e-values and the exact support check: a single emitted token of
     probability 0 is flagged (the e-values leave it out), and the same rows without it are not."""
-    from lossless_check.analysis import log_evalues, sequential_evidence
+    from lossless_check.evidence.analysis import log_evalues, sequential_evidence
 
     law = np.array([0.5, 0.5, 0.0])
     clean = np.array([[0, 1], [1, 0], [0, 0]] * 10)
@@ -99,11 +99,11 @@ ANYTIME_LEVEL = 1e-4 / len(ANYTIME_ALPHAS)
 
 
 def null_evalues() -> list[np.ndarray]:
-    """The per-position e-processes and their product (:func:`~lossless_check.analysis.log_evalues`)
+    """The per-position e-processes and their product (:func:`~lossless_check.evidence.analysis.log_evalues`)
     of :data:`ANYTIME_RUNS` null rounds: 50 to 300 trials, four positions reached depending on
     acceptance (:class:`calibration_checks.NullRound`)."""
     from calibration_checks import NullRound
-    from lossless_check.analysis import log_evalues
+    from lossless_check.evidence.analysis import log_evalues
 
     null_round, rng = NullRound(depth=4, seed=1), np.random.default_rng(5)
     return [log_evalues(null_round.draw(rng, int(rng.integers(50, 301))), null_round.depth, null_round.law_of,
@@ -113,15 +113,15 @@ def null_evalues() -> list[np.ndarray]:
 def anytime_null_check(evalues, monkeypatch, combine_for_run=None) -> list[dict]:
     """False-failure rate of the sequential stop rule on null rounds, per case alpha.
 
-    Each round's e-processes go to :func:`~lossless_check.analysis.stop_sequentially` at its last look
+    Each round's e-processes go to :func:`~lossless_check.evidence.analysis.stop_sequentially` at its last look
     with a fixed-sample p-value of 1, so the case fails exactly when the averaged e-process
     (``combined_log_evalue``) crossed ``2 / alpha`` at some trial. A row fails when the one-sided
     binomial test rejects "rate <= alpha / 2" at :data:`ANYTIME_LEVEL`: probability <= 1e-4 for a
     correct implementation. ``combine_for_run(u)``, ``u`` uniform and independent per run, gives a
     replacement ``combined_log_evalue`` (broken variants).
     """
-    from lossless_check import analysis
-    from lossless_check.results import CaseResult
+    from lossless_check.evidence import analysis
+    from lossless_check.evidence.results import CaseResult
 
     rng = np.random.default_rng(6)
     failures = dict.fromkeys(ANYTIME_ALPHAS, 0)
@@ -152,7 +152,7 @@ def test_anytime_evalue_null_rate_a_5x_test_and_broken_combinations_are_caught(m
     (One test: under pytest-xdist a module fixture would be computed again by each worker.)"""
     from scipy.special import logsumexp as lse
 
-    from lossless_check.analysis import combined_log_evalue
+    from lossless_check.evidence.analysis import combined_log_evalue
 
     evalues = null_evalues()
     rows = anytime_null_check(evalues, monkeypatch)

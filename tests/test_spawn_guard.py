@@ -31,16 +31,16 @@ def test_an_unguarded_lc_run_with_workers_fails_in_one_line_before_any_worker_st
         """)
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("lossless_check.errors.UsageError: workers=2 starts worker processes") and GUARD_LINE in last
+    assert last.startswith("lossless_check.core.errors.UsageError: workers=2 starts worker processes") and GUARD_LINE in last
     assert "BrokenProcessPool" not in done.stderr and done.stdout.count("script body ran") == 1  # no worker re-ran it
 
 
 @pytest.mark.parametrize("source, refused", [
-    ("from lossless_check.spawn_guard import check_main_guard\ncheck_main_guard(2)\n", True),
-    ("from lossless_check.spawn_guard import check_main_guard\nif __name__ == '__main__':\n    check_main_guard(2)\n",
+    ("from lossless_check.running.spawn_guard import check_main_guard\ncheck_main_guard(2)\n", True),
+    ("from lossless_check.running.spawn_guard import check_main_guard\nif __name__ == '__main__':\n    check_main_guard(2)\n",
      False),
-    ("from lossless_check.spawn_guard import check_main_guard\ndef main():\n    check_main_guard(2)\nmain()\n", True),
-    ("from lossless_check.spawn_guard import check_main_guard\ndef main():\n    check_main_guard(2)\n"
+    ("from lossless_check.running.spawn_guard import check_main_guard\ndef main():\n    check_main_guard(2)\nmain()\n", True),
+    ("from lossless_check.running.spawn_guard import check_main_guard\ndef main():\n    check_main_guard(2)\n"
      "if __name__ == \"__main__\" and True:\n    main()\n", False),
 ])
 def test_the_guard_is_read_where_the_script_calls(tmp_path, source, refused):
@@ -49,7 +49,7 @@ def test_the_guard_is_read_where_the_script_calls(tmp_path, source, refused):
 
 
 def test_nothing_is_refused_where_spawn_does_not_import_the_script_again(tmp_path):
-    code = "from lossless_check.spawn_guard import check_main_guard; check_main_guard(2)"
+    code = "from lossless_check.running.spawn_guard import check_main_guard; check_main_guard(2)"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from lossless_check import scheduler
-from lossless_check.api import cases_for, run_cases
-from lossless_check.scheduler import MIN_SPLIT_SECONDS, should_split
+from lossless_check.running import scheduler
+from lossless_check.faces.api import cases_for, run_cases
+from lossless_check.running.scheduler import MIN_SPLIT_SECONDS, should_split
 from fixtures.releases import DFLASH, needs
 
 GENERATORS = ["DFlashTokenCandidateGenerator", "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits",
@@ -79,7 +79,7 @@ def test_a_chunks_trials_do_not_depend_on_the_chunks_collected_before():
     """What splitting rests on: chunk 2 collected in a fresh process equals chunk 2 after chunks 0 and 1."""
     import numpy as np
 
-    from lossless_check.engine import chunk_plan
+    from lossless_check.running.chunks import chunk_plan
     from lossless_check.modes.step import StepRun
 
     [case] = cases_for(["AssistedCandidateGenerator"], ["top_k=3"], None, "step", "markov8")

@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 import torch
 
-from lossless_check.adapters import resolve_generator
-from lossless_check.expected import ExactLaws, first_token_law
-from lossless_check.api import run_cases as run
-from lossless_check.results import Case
-from lossless_check.scenarios import IID
-from lossless_check.stubs import fixed_logits_lm
-from lossless_check.warpers import capture_processors
+from lossless_check.subjects.adapters import resolve_generator
+from lossless_check.laws.expected import ExactLaws, first_token_law
+from lossless_check.faces.api import run_cases as run
+from lossless_check.evidence.results import Case
+from lossless_check.laws.scenarios import IID
+from lossless_check.laws.stubs import fixed_logits_lm
+from lossless_check.laws.warpers import capture_processors
 from fixtures.releases import DFLASH, assisted_samples, lossless_builtins, needs
 
 MUTANT = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"

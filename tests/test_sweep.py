@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from lossless_check.errors import UsageError
-from lossless_check.sweep import Failed, bisect, compat_table, parse_releases, run_in
+from lossless_check.core.errors import UsageError
+from lossless_check.history.sweep import Failed, bisect, compat_table, parse_releases, run_in
 
 ROOT = Path(__file__).resolve().parents[1]
 AVAILABLE = ["4.57.1", "5.0.0", "5.14.0", "5.14.1", "5.15.0", "5.15.1", "5.16.0", "5.24.0"]
@@ -143,8 +143,8 @@ def test_the_table_takes_its_reasons_from_the_reports():
 def test_reuse_keeps_only_finished_reports_of_the_same_run(tmp_path):
     """``sweep --reuse``: a release whose reports are finished runs of the same arguments is not run
     again (no environment is built: the unknown release would fail); any difference runs it."""
-    from lossless_check.sweep import reusable_report, sweep
-    from lossless_check.verifier_report import VERIFIER_NAME
+    from lossless_check.history.sweep import reusable_report, sweep
+    from lossless_check.outputs.verifier_report import VERIFIER_NAME
 
     args = ["run", "--matrix", "smoke", "--mode", "step", "--seed", "0", "--samples", "1000"]
     stacks = {"none", "top_k=3"}
@@ -211,14 +211,14 @@ def test_bisect_names_the_release_that_fixed_mtp(tmp_path):
     user would: from an empty directory, by a fresh virtualenv that alone holds torch and the harness
     (the release environments must see its packages, not the base interpreter's), with the product's
     environment cache (``$LOSSLESS_CHECK_ENVS`` or ``~/.cache/lossless-check/envs``, kept between runs)."""
-    from lossless_check.release_env import default_envs
+    from lossless_check.history.release_env import default_envs
 
     torch, transformers = _versions()
     import hashlib
 
     home = default_envs().parent / "test-venvs" / f"harness-{hashlib.sha256(str(ROOT).encode()).hexdigest()[:10]}"
     python = _virtualenv(home, [f"torch=={torch}", f"transformers=={transformers}", "-e", str(ROOT)])
-    done = subprocess.run([str(python), "-m", "lossless_check.cli", *MTP_BISECT, "--releases", "5.14.1..5.16.0"],
+    done = subprocess.run([str(python), "-m", "lossless_check.faces.cli", *MTP_BISECT, "--releases", "5.14.1..5.16.0"],
                           cwd=tmp_path, env=_clean_environ(), capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("5.15.1: first release where the verdict changes"), done.stdout + done.stderr
@@ -236,7 +236,7 @@ def test_a_release_that_cannot_be_installed_gives_no_answer(tmp_path, command):
     _, transformers = _versions()  # the installed release would run here, without an environment
     args = ([*MTP_BISECT, "--releases", f"{UNINSTALLABLE},{transformers}"] if command == "bisect" else
             ["sweep", "--releases", UNINSTALLABLE, "--modes", "step", "--samples", "200"])
-    done = subprocess.run([sys.executable, "-m", "lossless_check.cli", *args, "--envs", str(tmp_path / "envs")],
+    done = subprocess.run([sys.executable, "-m", "lossless_check.faces.cli", *args, "--envs", str(tmp_path / "envs")],
                           cwd=tmp_path, env={**_clean_environ(), "PYTHONPATH": str(ROOT)},
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 5, done.stdout + done.stderr
@@ -257,7 +257,7 @@ def test_a_bisect_from_an_environment_without_torch_gives_no_answer(tmp_path):
     _, transformers = _versions()
     python = _virtualenv(tmp_path / "venv", [f"transformers=={transformers}", "numpy", "scipy", "rich", "hypothesis",
                                              "matplotlib", "packaging"], ["--no-deps", "-e", str(ROOT)])
-    done = subprocess.run([str(python), "-m", "lossless_check.cli", *MTP_BISECT, "--releases", f"5.16.0,{transformers}",
+    done = subprocess.run([str(python), "-m", "lossless_check.faces.cli", *MTP_BISECT, "--releases", f"5.16.0,{transformers}",
                            "--envs", str(tmp_path / "envs")],
                           cwd=tmp_path, env=_clean_environ(), capture_output=True, text=True, timeout=900)
     assert done.returncode == 5, done.stdout + done.stderr
@@ -268,7 +268,7 @@ def test_a_bisect_from_an_environment_without_torch_gives_no_answer(tmp_path):
 
 def test_a_broken_cached_environment_is_rebuilt(tmp_path):
     """An environment that no longer imports is built again before it is used, and says so."""
-    from lossless_check.release_env import BUILT, env_home, environment
+    from lossless_check.history.release_env import BUILT, env_home, environment
 
     release = "5.16.0"
     home = env_home(release, tmp_path)

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from lossless_check.errors import UsageError
-from lossless_check.tables import FixedLogits
-from lossless_check.warpers import format_warpers, parse_warpers
+from lossless_check.core.errors import UsageError
+from lossless_check.laws.tables import FixedLogits
+from lossless_check.laws.warpers import format_warpers, parse_warpers
 
 
 @pytest.mark.parametrize(
@@ -62,7 +62,7 @@ def test_bad_warper_specs(spec, message):
 def test_processors_are_captured_from_generate(target_factory):
     import torch
 
-    from lossless_check.warpers import capture_processors
+    from lossless_check.laws.warpers import capture_processors
 
     model = target_factory()
     processors, config = capture_processors(model, torch.tensor([[1, 2]]), {"top_k": 3, "temperature": 0.5}, 8)
@@ -74,7 +74,7 @@ def test_processors_are_captured_from_generate(target_factory):
 def test_values_generate_refuses_are_usage_errors(target_factory):
     import torch
 
-    from lossless_check.warpers import capture_processors
+    from lossless_check.laws.warpers import capture_processors
 
     with pytest.raises(UsageError, match="refused"):
         capture_processors(target_factory(), torch.tensor([[1, 2]]), {"bad_words_ids": [[-3]]}, 8)

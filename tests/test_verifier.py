@@ -20,8 +20,8 @@ import torch
 
 from fixtures.patched_install import patched_transformers
 from fixtures.releases import ASSISTED_DRAFTS_GREEDILY, VERIFIER_ACCEPTS_AT_R_0, verifier_rule_line, within
-from lossless_check.cli import main
-from lossless_check.verifier import RATE, call_verifier, P, Q, BONUS, verify
+from lossless_check.faces.cli import main
+from lossless_check.subjects.verifier import RATE, call_verifier, P, Q, BONUS, verify
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "findings" / "verifier_accepts_zero_probability" / "fix.patch"
@@ -55,8 +55,8 @@ def test_real_randomness_reaches_the_defect():
     torch.rand(1_532_311)  # the next float32 draw is exactly 0
     p_rows, q_rows = [P, P, BONUS], [Q, Q]
     with torch.no_grad():
-        from lossless_check.compat import speculative_sampling
-        from lossless_check.verifier import _logits
+        from lossless_check.core.compat import speculative_sampling
+        from lossless_check.subjects.verifier import _logits
 
         tokens, n = speculative_sampling()(torch.tensor([[7, 7, 4, 0]]), _logits(q_rows, torch.float32), 2,
                                            _logits(p_rows, torch.float32))
@@ -79,7 +79,7 @@ def test_a_check_fails_on_a_verifier_that_ignores_q(monkeypatch):
     def from_p(candidate_ids, candidate_logits, length, new_logits, **kwargs):
         return real(candidate_ids, torch.zeros_like(candidate_logits), length, new_logits, **kwargs)
 
-    from lossless_check import compat
+    from lossless_check.core import compat
 
     compat.speculative_sampling.cache_clear()
     monkeypatch.setattr(utils, "_speculative_sampling", from_p)
@@ -97,7 +97,7 @@ def test_strict_patched_release_passes_every_check(tmp_path):
     assert "r_i < probability_ratio" in (site / "transformers/generation/utils.py").read_text()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
     out = tmp_path / "verifier.json"
-    done = subprocess.run([sys.executable, "-m", "lossless_check.cli", "verifier", "--json", str(out)],
+    done = subprocess.run([sys.executable, "-m", "lossless_check.faces.cli", "verifier", "--json", str(out)],
                           capture_output=True, text=True, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     doc = json.loads(out.read_text())
@@ -138,9 +138,9 @@ def test_a_run_adds_the_verifier_as_an_exact_row_beside_named_generators(tmp_pat
 def test_a_run_over_the_whole_install_has_the_verifier_as_a_subject(tmp_path, monkeypatch):
     """No --generator: the run is about the install, so the verifier's defect fails it. The built-ins
     are narrowed to Assisted here (the decision rests on --generator being absent, not on the list)."""
-    import lossless_check.matrix
+    import lossless_check.laws.matrix
 
-    monkeypatch.setattr(lossless_check.matrix, "DEFAULT_GENERATORS", ("AssistedCandidateGenerator",))
+    monkeypatch.setattr(lossless_check.laws.matrix, "DEFAULT_GENERATORS", ("AssistedCandidateGenerator",))
     out = tmp_path / "run.json"
     code = main(["run", "--warpers", "top_k=3", "--scenario", "iid8", "--samples", "300", "--json", str(out),
                  "--quiet"])

@@ -3,8 +3,8 @@ coarsening above V = 4096, the Bonferroni split over positions and Holm across c
 run on the real code and on a deliberately broken variant patched in, which it must fail.
 
 Every check is :func:`family_null_check`: many null runs (numpy draws from the exact laws, no
-harness), each through :func:`~lossless_check.analysis.strata`,
-:func:`~lossless_check.analysis.position_tests` and :func:`~lossless_check.results.decide` as the
+harness), each through :func:`~lossless_check.evidence.analysis.strata`,
+:func:`~lossless_check.evidence.analysis.position_tests` and :func:`~lossless_check.evidence.results.decide` as the
 engine calls them, and a one-sided exact binomial test of "family-wise false-failure rate <= alpha"
 at level 1e-4 (the chance it fails a correct implementation). Its power against each broken variant
 is stated beside it.
@@ -18,8 +18,8 @@ from collections.abc import Callable
 import numpy as np
 
 from calibration_checks import NullRound, check_power, rate_check
-from lossless_check import analysis
-from lossless_check.results import CaseResult, decide
+from lossless_check.evidence import analysis
+from lossless_check.evidence.results import CaseResult, decide
 from lossless_check.stats import verdict_test
 
 #: The chance that one check of this module fails a correct implementation.
@@ -36,7 +36,7 @@ def family_null_check(run_once: Callable[[np.random.Generator], bool], runs: int
 
 def family_rejects(strata_by_case: list[list[list]]) -> bool:
     """The verdict of a family of cases (one list of position strata each), at family rate ALPHA: each
-    case's alpha is ALPHA over the cases, as :func:`lossless_check.api.run_cases` splits it."""
+    case's alpha is ALPHA over the cases, as :func:`lossless_check.faces.api.run_cases` splits it."""
     results = []
     for by_position in strata_by_case:
         result = CaseResult("g", "", "step", "s")
@@ -111,7 +111,7 @@ def big_vocab_strata(rng: np.random.Generator) -> list[list]:
 
 def by_observed_counts(ids, tokens, laws, vocab):
     """Broken coarsening: the top cells are the most *observed* tokens of each stratum (data-dependent
-    cells), the rest as :func:`~lossless_check.analysis.coarsening` buckets them."""
+    cells), the rest as :func:`~lossless_check.evidence.analysis.coarsening` buckets them."""
     cells, cell_laws, within = np.zeros(len(tokens), dtype=np.int64), [], []
     for s, law in enumerate(laws):
         here = ids == s
@@ -176,7 +176,7 @@ def test_bonferroni_and_holm_pass_the_family_null_check_and_dropping_either_fail
     assert not corrections_null_check(monkeypatch)["fails"]
     assert check_power(600, ALPHA, CHECK_ERROR_RATE, 0.4) >= 0.9999
     with monkeypatch.context() as patch:
-        patch.setattr("lossless_check.results.holm_correction", lambda p: np.asarray(p, dtype=float))
+        patch.setattr("lossless_check.evidence.results.holm_correction", lambda p: np.asarray(p, dtype=float))
         assert corrections_null_check(patch)["fails"]
     with monkeypatch.context() as patch:
         patch.setattr(analysis, "bonferroni_min", lambda p: float(min(p)))

@@ -7,12 +7,15 @@
 - ``all``: step with provenance beside it (a run adds generate mode for each case).
 
 :func:`run_case` is the one task the engine runs per case, in any process; :func:`chunked_run` the
-same case as chunks, for the engine to split over its workers.
+same case as chunks, for the engine to split over its workers. Beside them: informativeness (which cases
+can show anything), the interception of sampling primitives, and a user's own model pair (:mod:`.models`).
+
+May import running, evidence, subjects, laws, stats and core.
 """
 
 from __future__ import annotations
 
-from ..results import Case, CaseResult
+from lossless_check.evidence.results import Case, CaseResult
 
 MODES = ("step", "provenance", "generate", "greedy", "all")
 #: Modes whose verdict is statistical (they spend a share of the family's alpha).
@@ -27,15 +30,15 @@ def skip_reason(case: Case, timeout: float = 600.0) -> str | None:
     was reserved and Holm's family is the cases that did produce a p-value.
     """
     if case.mode in ("step", "all"):
-        from .step import skip_reason as step_skip
+        from lossless_check.modes.step import skip_reason as step_skip
 
         return step_skip(case) or probe(case, timeout)
     if case.mode == "generate":
-        from .generate import skip_reason as generate_skip
+        from lossless_check.modes.generate import skip_reason as generate_skip
 
         return generate_skip(case)
     if case.mode == "greedy":
-        from .greedy import skip_reason as greedy_skip
+        from lossless_check.modes.greedy import skip_reason as greedy_skip
 
         return greedy_skip(case)
     return None
@@ -55,9 +58,9 @@ def probe(case: Case, timeout: float = 600.0) -> str | None:
     """
     from dataclasses import replace
 
-    from ..engine import deadline
-    from ..errors import GeneratorFailure, NotApplicable
-    from .step import StepCase
+    from lossless_check.running.chunks import deadline
+    from lossless_check.core.errors import GeneratorFailure, NotApplicable
+    from lossless_check.modes.step import StepCase
 
     key = (case.generator.spec, id(case.scenario))
     if _PROBED.get(key, (None,))[0] is not case.scenario:
@@ -77,24 +80,24 @@ def run_case(case: Case, samples: int, seed: int, alpha_case: float, sequential:
 
     ``all`` cases run step mode here; the provenance check is attached after the family-wise
     decision (:func:`~.provenance.attach_provenance`). ``store`` (a
-    :class:`~lossless_check.journal.ChunkStore`): the statistical modes keep each finished chunk
+    :class:`~lossless_check.running.journal.ChunkStore`): the statistical modes keep each finished chunk
     there, and read back the chunks an interrupted run kept instead of collecting them again.
     """
     if case.mode in ("step", "all"):
-        from .step import BATCH_SIZE, run_step_case
+        from lossless_check.modes.step import BATCH_SIZE, run_step_case
 
         return run_step_case(case, samples, seed, alpha_case, sequential, timeout,
                              BATCH_SIZE if batch_size is None else batch_size, store)
     if case.mode == "generate":
-        from .generate import run_generate_case
+        from lossless_check.modes.generate import run_generate_case
 
         return run_generate_case(case, samples, seed, alpha_case, sequential, timeout, store)
     if case.mode == "provenance":
-        from .provenance import run_provenance_case
+        from lossless_check.modes.provenance import run_provenance_case
 
         return run_provenance_case(case, seed)
     if case.mode == "greedy":
-        from .greedy import run_greedy_case
+        from lossless_check.modes.greedy import run_greedy_case
 
         return run_greedy_case(case, seed, timeout)
     raise ValueError(f"unknown mode {case.mode!r}")
@@ -112,7 +115,7 @@ def chunked_run(case: Case, samples: int, seed: int, alpha_case: float, sequenti
     """
     if case.mode not in ("step", "all"):
         return None
-    from .step import BATCH_SIZE, StepRun, skip_reason as step_skip
+    from lossless_check.modes.step import BATCH_SIZE, StepRun, skip_reason as step_skip
 
     if step_skip(case) is not None:
         return None

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from ..results import POWER
+from lossless_check.evidence.results import POWER
 
 #: Rows per real ``get_candidates`` call in a batched case.
 BATCH_SIZE = 512

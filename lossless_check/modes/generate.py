@@ -42,21 +42,21 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..compat import generator_processors, loop_eos, release_warpers
-from ..adapters import DraftContext
-from ..adapters.assisted import constant_drafts
-from ..attribution import attribute, watching_verifier, without
-from ..analysis import position_tests, sequential_evidence, stop_sequentially, strata
-from ..engine import guarded, kept, run_in_chunks, within_deadline
-from ..errors import GeneratorFailure
-from ..expected import ExactLaws, GreedyLaws, processed
-from ..results import Case, CaseResult, one_line
-from ..stats import Stratum
-from ..stubs import fixed_logits_lm
-from ..adapters.mtp import _quiet_loading
-from . import loop_models
-from .tiny_llama import TINY_LLAMA, TinyLlamaScenario, tiny_llama_pair
-from ..warpers import capture_processors
+from lossless_check.core.compat import generator_processors, loop_eos, release_warpers
+from lossless_check.subjects.adapters import DraftContext
+from lossless_check.subjects.adapters.base import constant_drafts
+from lossless_check.evidence.attribution import attribute, watching_verifier, without
+from lossless_check.evidence.analysis import position_tests, sequential_evidence, stop_sequentially, strata
+from lossless_check.running.chunks import guarded, kept, run_in_chunks, within_deadline
+from lossless_check.core.errors import GeneratorFailure
+from lossless_check.laws.expected import ExactLaws, GreedyLaws, processed
+from lossless_check.evidence.results import Case, CaseResult, one_line
+from lossless_check.stats import Stratum
+from lossless_check.laws.stubs import fixed_logits_lm
+from lossless_check.subjects.adapters.mtp import _quiet_loading
+from lossless_check.modes import loop_models
+from lossless_check.modes.tiny_llama import TINY_LLAMA, TinyLlamaScenario, tiny_llama_pair
+from lossless_check.laws.warpers import capture_processors
 
 #: Laws are functions of the generated prefix: ``law(prefix)`` is ``p(. | prompt + prefix)``.
 Law = Callable[[tuple[int, ...]], np.ndarray]
@@ -64,7 +64,7 @@ Law = Callable[[tuple[int, ...]], np.ndarray]
 
 @dataclass
 class GenerateCaseResult(CaseResult):
-    """A generate-mode case: :class:`~lossless_check.results.CaseResult` plus what the loop did."""
+    """A generate-mode case: :class:`~lossless_check.evidence.results.CaseResult` plus what the loop did."""
 
     max_new_tokens: int = 0
     route: str | None = None  # how generate() was made to pick the generator
@@ -95,7 +95,7 @@ class Generations:
     violates: np.ndarray
     seconds: float
     # ``aside[t]``: the output position of a draft the verifier accepted with its own p = 0 in sample
-    # ``t`` (:func:`~lossless_check.attribution.watching_verifier`), else -1.
+    # ``t`` (:func:`~lossless_check.evidence.attribution.watching_verifier`), else -1.
     aside: np.ndarray | None = None
 
     def __post_init__(self):
@@ -275,7 +275,7 @@ def collect(setup: _Setup, samples: int, max_new_tokens: int, seed: int,
 
 def position_strata(emitted: np.ndarray, position: int, law: Law) -> list[Stratum]:
     """Strata for output position ``position`` (0-based): samples that reached it, grouped by exact law
-    (on the coarsened partition above :data:`~lossless_check.analysis.COARSEN_ABOVE_VOCAB`).
+    (on the coarsened partition above :data:`~lossless_check.evidence.analysis.COARSEN_ABOVE_VOCAB`).
 
     ``emitted`` is blanked after EOS (:meth:`Generations.before_eos`): plain sampling never goes past
     an EOS, and the stopping check already counts samples that did.
@@ -314,7 +314,7 @@ def skip_reason(case: Case) -> str | None:
     """Why generate mode cannot drive this case's generator (``None`` if it can).
 
     Skipped: a generator absent from the installed release; a factory (``module:function``: it builds
-    a generator from a :class:`~lossless_check.adapters.DraftContext`, not from what ``generate()``
+    a generator from a :class:`~lossless_check.subjects.adapters.DraftContext`, not from what ``generate()``
     passes); a drafter table the family cannot express (the adapter's ``drafter_kinds``); the
     ``tiny-llama`` scenario for a family other than the assistant-model and prompt-lookup ones; and a
     release whose ``generate()`` never builds the family.
@@ -346,14 +346,14 @@ def run_generate_case(case: Case, samples: int, seed: int, alpha_case: float, se
                       timeout: float = 600.0, store=None) -> CaseResult:
     """Run and analyse one case through the real ``generate()`` loop (``case.max_new_tokens`` tokens a call).
 
-    ``case.scenario`` is a fixed-logits :class:`~lossless_check.scenarios.Scenario` or a
+    ``case.scenario`` is a fixed-logits :class:`~lossless_check.laws.scenarios.Scenario` or a
     :class:`TinyLlamaScenario`; ``case.warpers`` are ``GenerationConfig`` keywords (``eos_token_id``
     among them for EOS cases). Every built-in family runs, picked by ``generate()`` itself (see
     :mod:`.loop_models` for how), and any subclass of one (built where ``generate()`` builds its
     base); what cannot run is ``skipped`` with its reason (:func:`skip_reason`). A failure inside
     ``generate()`` gives verdict ``error``. ``sequential``: the case stops at the first sample its
     anytime e-value rejects, or at the look that sees an exact failure
-    (:func:`~lossless_check.analysis.stop_sequentially`, as in step mode); otherwise all ``samples``.
+    (:func:`~lossless_check.evidence.analysis.stop_sequentially`, as in step mode); otherwise all ``samples``.
 
     Assumptions: the ``samples`` calls are independent (each ``generate()`` builds a fresh candidate
     generator; the drafter uses a constant draft length). Then, for a lossless loop, the case is
@@ -361,8 +361,8 @@ def run_generate_case(case: Case, samples: int, seed: int, alpha_case: float, se
     ``tv_detectable`` (position 1; every position in ``positions``) is the sample-weighted TV the
     position's test detects with probability ``POWER``; later positions have fewer samples and, with
     history-dependent laws, more strata, hence less power. The verdict here is at ``alpha_case``;
-    :func:`~lossless_check.results.decide` re-decides it across a run's cases. ``store``: where
-    finished chunks are kept (:func:`~lossless_check.engine.kept`).
+    :func:`~lossless_check.evidence.results.decide` re-decides it across a run's cases. ``store``: where
+    finished chunks are kept (:func:`~lossless_check.running.chunks.kept`).
     """
     reason = skip_reason(case)
     if reason is not None:

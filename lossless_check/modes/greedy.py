@@ -43,12 +43,12 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..compat import release_warpers
-from ..engine import deadline, guarded
-from ..errors import PlainSamplingFails, Timeout
-from ..results import Case, CaseResult, one_line
-from ..matrix import EOS
-from ..warpers import capture_processors, format_warpers
+from lossless_check.core.compat import release_warpers
+from lossless_check.running.chunks import deadline, guarded
+from lossless_check.core.errors import PlainSamplingFails, Timeout
+from lossless_check.evidence.results import Case, CaseResult, one_line
+from lossless_check.laws.matrix import EOS
+from lossless_check.laws.warpers import capture_processors, format_warpers
 
 #: The catalog options that change greedy decoding (the sampling warpers do not apply to it).
 GREEDY_OPTIONS = ("repetition_penalty", "no_repeat_ngram_size", "bad_words_ids", "sequence_bias", "suppress_tokens",
@@ -69,11 +69,11 @@ def greedy_stacks(base: dict[str, Any], pairs: bool = True) -> list[dict[str, An
     """``base``, then ``base`` plus each greedy processor of the catalog alone, then (``pairs``) plus every
     pair of them.
 
-    The catalog values (:data:`~lossless_check.matrix.CATALOG`), or :data:`GREEDY_VALUES`: min length
-    and the exponential decay come with their EOS token (:data:`~lossless_check.matrix.EOS`), so those
+    The catalog values (:data:`~lossless_check.laws.matrix.CATALOG`), or :data:`GREEDY_VALUES`: min length
+    and the exponential decay come with their EOS token (:data:`~lossless_check.laws.matrix.EOS`), so those
     stacks stop at EOS too.
     """
-    from ..matrix import available_catalog
+    from lossless_check.laws.matrix import available_catalog
 
     entries = [GREEDY_VALUES.get(e.option, e.kwargs) for e in available_catalog() if e.option in GREEDY_OPTIONS]
     stacks = [{}] + entries + ([{**a, **b} for a, b in itertools.combinations(entries, 2)] if pairs else [])
@@ -83,8 +83,8 @@ def greedy_stacks(base: dict[str, Any], pairs: bool = True) -> list[dict[str, An
 def skip_reason(case: Case) -> str | None:
     """Why greedy mode cannot drive this case (``None`` if it can): generate mode's reasons
     (:func:`~.generate.skip_reason`), and Universal, which ``generate()`` builds for sampling only."""
-    from . import loop_models
-    from .generate import skip_reason as generate_skip
+    from lossless_check.modes import loop_models
+    from lossless_check.modes.generate import skip_reason as generate_skip
 
     if case.generator.adapter.name == loop_models.UNIVERSAL:
         return (f"generate() builds {loop_models.UNIVERSAL} for do_sample=True only; greedy decoding with two "
@@ -135,7 +135,7 @@ class _Argmax:
         self.after = lru_cache(maxsize=None)(self._argmax)
 
     def _argmax(self, history: tuple[int, ...]) -> int:
-        from ..expected import processed
+        from lossless_check.laws.expected import processed
 
         logits = self.logits_of(history).to(torch.float32)[None]
         if len(self.processors) > 0:
@@ -154,7 +154,7 @@ class _Argmax:
 def _logits_source(case: Case, prompt_length: int, target) -> Callable[[tuple[int, ...]], torch.Tensor]:
     """The target's next-token logits after a history: the scenario's table for the stubs, a forward
     pass (no cache) for a real model."""
-    from .tiny_llama import TinyLlamaScenario
+    from lossless_check.modes.tiny_llama import TinyLlamaScenario
 
     if isinstance(case.scenario, TinyLlamaScenario):
         @lru_cache(maxsize=None)  # a forward pass per history, shared by every stack
@@ -186,9 +186,9 @@ def compare(case: Case, seed: int, timeout: float = 600.0) -> tuple[list[Compari
     """
     from transformers import GenerationConfig
 
-    from ..adapters.mtp import _quiet_loading
-    from .generate import _setup
-    from .tiny_llama import TinyLlamaScenario
+    from lossless_check.subjects.adapters.mtp import _quiet_loading
+    from lossless_check.modes.generate import _setup
+    from lossless_check.modes.tiny_llama import TinyLlamaScenario
 
     setup = _setup(replace(case, mode="generate"), max(LENGTHS))
     defaults = GenerationConfig()
@@ -263,7 +263,7 @@ def compare(case: Case, seed: int, timeout: float = 600.0) -> tuple[list[Compari
 
 def _plain_stub(case: Case, prompt_length: int):
     """The fixed-logits target (for capturing the processors ``generate()`` builds)."""
-    from ..stubs import fixed_logits_lm
+    from lossless_check.laws.stubs import fixed_logits_lm
 
     return fixed_logits_lm(case.scenario.target, prompt_length=prompt_length)
 

@@ -21,9 +21,9 @@ generator from what it is given, exactly as for a real model. Per family (5.24 `
 - ``AssistedCandidateGeneratorDifferentTokenizers``: the same with ``do_sample=False``, the only
   config for which ``generate()`` builds it: the reference is then plain greedy decoding.
 
-The stub models are the adapters' (:mod:`lossless_check.adapters`), so step and generate mode
+The stub models are the adapters' (:mod:`lossless_check.subjects.adapters`), so step and generate mode
 check the same drafters; the targets read their history from a real, croppable cache
-(:class:`~lossless_check.stubs.FixedLogitsLM`). Where a family reads the target's hidden states
+(:class:`~lossless_check.laws.stubs.FixedLogitsLM`). Where a family reads the target's hidden states
 (MTP, DFlash, SinglePosition), the target returns them for every input position, whatever
 ``logits_to_keep`` asks of the logits, as a real decoder does.
 
@@ -46,14 +46,16 @@ import torch
 from transformers import GenerationMixin
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from ..adapters import DraftContext
-from ..adapters.assisted import assistant_for, constant_drafts
-from ..adapters.dflash import dflash_drafter_for
-from ..adapters.early_exit import EXIT_LAYER, FULL_DEPTH, EarlyExitFixedLogitsLM, early_exit_model_for
-from ..adapters.mtp import FixedLogitsMtpLM, _quiet_loading, mtp_target_for
-from ..adapters.single_position import FixedLogitsGemma4AssistantStub
-from ..adapters.vocabularies import assistant_lm, tokenizer_pair
-from ..stubs import FixedLogitsLM, fixed_logits_lm
+from lossless_check.subjects.adapters import DraftContext
+from lossless_check.subjects.adapters.base import constant_drafts
+from lossless_check.subjects.adapters.dflash import dflash_drafter_for
+from lossless_check.subjects.adapters.early_exit import (
+    EXIT_LAYER, FULL_DEPTH, EarlyExitFixedLogitsLM, early_exit_model_for,
+)
+from lossless_check.subjects.adapters.mtp import FixedLogitsMtpLM, _quiet_loading, mtp_target_for
+from lossless_check.subjects.adapters.single_position import FixedLogitsGemma4AssistantStub
+from lossless_check.subjects.adapters.vocabularies import assistant_lm, tokenizer_pair
+from lossless_check.laws.stubs import FixedLogitsLM, fixed_logits_lm
 
 ASSISTED = "AssistedCandidateGenerator"
 PROMPT_LOOKUP = "PromptLookupCandidateGenerator"
@@ -138,7 +140,7 @@ class Gemma4FixedLogitsTarget(FullHiddenStates, FixedLogitsLM):
     """Target stub named as ``generate()`` requires for a Gemma 4 assistant (``Gemma4...``).
 
     Returns ``shared_kv_states`` (its cached keys and values) when asked, and zero hidden states: to
-    the assistant stub (:class:`~lossless_check.adapters.single_position.FixedLogitsGemma4AssistantStub`)
+    the assistant stub (:class:`~lossless_check.subjects.adapters.single_position.FixedLogitsGemma4AssistantStub`)
     a zero hidden state means "no token drafted since the target ran".
     """
 
@@ -201,7 +203,7 @@ def _rebuilt(model, cls):
 
 
 def _assisted(ctx: DraftContext) -> LoopModels:
-    return LoopModels(ctx.target, {"assistant_model": assistant_for(ctx)})
+    return LoopModels(ctx.target, {"assistant_model": ctx.assistant()})
 
 
 def _prompt_lookup(ctx: DraftContext) -> LoopModels:
@@ -309,7 +311,7 @@ def _constructor_arguments(model, given: dict[str, Any]) -> dict[str, Callable[[
     config = given["generation_config"]
 
     def translator():
-        from ..compat import vocab_translator
+        from lossless_check.core.compat import vocab_translator
 
         return vocab_translator(given["target_tokenizer"], given["assistant_tokenizer"],
                                 model.config.get_text_config().vocab_size, given["assistant_model"])

@@ -21,129 +21,10 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ..candidates import check_candidates
-from ..errors import GeneratorFailure, NotApplicable
-from ..results import Case, CaseResult, one_line
-
-#: Largest total variation between the sampled row and ``softmax(returned candidate_logits)`` that
-#: still counts as equal. Both sides are float32 softmaxes of (ideally) the same float32 logits (a
-#: generator returning half-precision logits gets its q softmaxed in half precision, as the verifier does);
-#: different kernels (row-wise vs batched, fused vs not) differ by a few float32 ulps per token,
-#: relatively, so their total variation stays near 1e-6 whatever the vocabulary size (measured here:
-#: below 1e-7). Total variation bounds every per-token absolute difference, and a difference within
-#: it moves the acceptance probability sum_v min(p, q) by at most 1e-5, far below what any
-#: statistical run resolves.
-TOLERANCE = 1e-5
-
-#: Draw kinds. A ``sample`` is a draw from its recorded row; a later sample without replacement is
-#: not (the row's earlier draws were removed), so a draft token it produced cannot be checked.
-SAMPLE, ARGMAX, WITHOUT_REPLACEMENT, NOISE = "sample", "argmax", "sample_without_replacement", "noise"
-
-
-@dataclass(frozen=True)
-class Draw:
-    """One recorded token choice (or, for ``noise``, a vocabulary-wide random tensor)."""
-
-    kind: str
-    token: int | None = None
-    row: torch.Tensor | None = None  # float64, normalised; only for sampled kinds
-
-
-def _arg(args, kwargs, index, name, default=None):
-    return args[index] if len(args) > index else kwargs.get(name, default)
-
-
-class Interception:
-    """Context manager recording the sampling primitives called while it is active.
-
-    Every patched function calls the original with the original arguments, so random streams are
-    exactly those of an un-intercepted run, and returns its result unless the recorder returns a
-    replacement (a subclass forcing draws; this class never does). Nested calls (``Categorical.sample``
-    calls ``torch.multinomial``) are recorded once, at the outermost level.
-    """
-
-    def __init__(self, vocab_size: int):
-        self.vocab_size = vocab_size
-        self.draws: list[Draw] = []
-        self._depth = 0
-        self._undo: list = []
-
-    def __enter__(self) -> "Interception":
-        from torch.distributions import Categorical
-
-        patches = [
-            (torch, "multinomial", self._multinomial),
-            (torch.Tensor, "multinomial", self._multinomial),
-            (Categorical, "sample", self._categorical),
-            (torch, "argmax", self._argmax),
-            (torch.Tensor, "argmax", self._argmax),
-            (torch, "rand", self._noise),
-            (torch, "rand_like", self._noise),
-            (torch.Tensor, "uniform_", self._noise),
-            (torch.Tensor, "exponential_", self._noise),
-        ]
-        for owner, name, record in patches:
-            self._patch(owner, name, record)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        while self._undo:
-            self._undo.pop()()
-
-    def _patch(self, owner, name, record) -> None:
-        original = getattr(owner, name)
-        own = name in owner.__dict__  # Tensor methods live on TensorBase: restore by deleting
-
-        def wrapper(*args, **kwargs):
-            if self._depth:
-                return original(*args, **kwargs)
-            self._depth += 1
-            try:
-                out = original(*args, **kwargs)
-                replaced = record(out, args, kwargs)
-            finally:
-                self._depth -= 1
-            return out if replaced is None else replaced
-
-        setattr(owner, name, wrapper)
-        self._undo.append((lambda: setattr(owner, name, original)) if own else (lambda: delattr(owner, name)))
-
-    def _rows(self, probs: torch.Tensor) -> torch.Tensor | None:
-        if probs.dim() == 0 or probs.shape[-1] != self.vocab_size:
-            return None
-        rows = probs.detach().to(torch.float64).reshape(-1, self.vocab_size)
-        return rows / rows.sum(-1, keepdim=True)  # multinomial takes unnormalised weights
-
-    def _multinomial(self, out, args, kwargs) -> None:
-        rows = self._rows(_arg(args, kwargs, 0, "input"))
-        if rows is None:
-            return
-        replacement = _arg(args, kwargs, 2, "replacement", False)
-        tokens = out.reshape(rows.shape[0], -1).tolist()
-        for row, row_tokens in zip(rows, tokens):
-            for s, token in enumerate(row_tokens):
-                self.draws.append(Draw(SAMPLE if s == 0 or replacement else WITHOUT_REPLACEMENT, token, row))
-
-    def _categorical(self, out, args, kwargs) -> None:
-        rows = self._rows(args[0].probs)
-        if rows is None:
-            return
-        # ``out`` is sample_shape + batch_shape: one draw per (sample, batch row), in that order.
-        for sample in out.reshape(-1, rows.shape[0]).tolist():
-            self.draws.extend(Draw(SAMPLE, token, row) for token, row in zip(sample, rows))
-
-    def _argmax(self, out, args, kwargs) -> None:
-        scores = _arg(args, kwargs, 0, "input")
-        dim = _arg(args, kwargs, 1, "dim")
-        if not scores.is_floating_point() or scores.dim() == 0 or scores.shape[-1] != self.vocab_size:
-            return
-        if dim in (-1, scores.dim() - 1) or (dim is None and scores.numel() == self.vocab_size):
-            self.draws.extend(Draw(ARGMAX, token) for token in out.reshape(-1).tolist())
-
-    def _noise(self, out, args, kwargs) -> None:
-        if out.dim() and out.shape[-1] == self.vocab_size:
-            self.draws.append(Draw(NOISE))
-
+from lossless_check.subjects.candidates import check_candidates
+from lossless_check.core.errors import GeneratorFailure, NotApplicable
+from lossless_check.evidence.results import Case, CaseResult, one_line
+from lossless_check.modes.interception import ARGMAX, NOISE, SAMPLE, TOLERANCE, WITHOUT_REPLACEMENT, Draw, Interception
 
 def match_draws(draws: list[Draw], drafts: list[int]) -> list[Draw] | str:
     """The draw that produced each draft token, in order, or the reason no unambiguous match exists.
@@ -277,7 +158,7 @@ def provenance_check(case: Case, trials: int = 3, seed: int = 0) -> ProvenanceRe
     if trials < 1:
         raise ValueError("provenance_check needs at least one trial")
     started = time.perf_counter()
-    from .step import StepCase
+    from lossless_check.modes.step import StepCase
 
     step = StepCase(case)
     vocab, prompt = case.scenario.vocab_size, step.prompt_ids
@@ -343,7 +224,7 @@ PROVENANCE_TRIALS = 3
 
 def run_provenance_case(case: Case, seed: int) -> CaseResult:
     """A provenance-mode case: verdict from the exact check (no sampling error, no alpha spent)."""
-    from .step import skip_reason
+    from lossless_check.modes.step import skip_reason
 
     result = case.result()
     reason = skip_reason(case)

@@ -114,7 +114,7 @@ def fresh_draws_evalue(calls: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
     ``calls`` are ``(probability rows, tokens)`` of unforced calls in order (a
     :class:`~.replay.SamplerLog`'s, normalised rows). Draws are grouped by their exact law; a token its
     law gives probability 0 is infinite evidence."""
-    from ..stats import mixture_log_evalues
+    from lossless_check.stats import mixture_log_evalues
 
     laws: list[np.ndarray] = []
     index: dict[bytes, int] = {}

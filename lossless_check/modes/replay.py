@@ -6,7 +6,7 @@ taken on trust (no family flag, no test run elsewhere): rows drawn at random fro
 batched calls are replayed, each in a ``get_candidates`` call of its own on one row, with every
 vocabulary-wide ``torch.multinomial`` forced to the token the batched call drew for that row
 (:class:`SamplerLog`). The replay must then, exactly (up to float32 round-off between kernels,
-provenance's :data:`~lossless_check.modes.provenance.TOLERANCE` in total variation):
+provenance's :data:`~lossless_check.modes.interception.TOLERANCE` in total variation):
 
 - draw each token from the law the batched call drew that row's token from,
 - draw no more tokens than the row has,
@@ -47,10 +47,10 @@ import math
 import numpy as np
 import torch
 
-from ..engine import chunk_sizes
-from ..errors import GeneratorFailure
-from ..results import POWER
-from .provenance import NOISE, TOLERANCE, Interception, _arg
+from lossless_check.running.chunks import chunk_sizes
+from lossless_check.core.errors import GeneratorFailure
+from lossless_check.evidence.results import POWER
+from lossless_check.modes.interception import NOISE, TOLERANCE, Interception, call_argument
 
 #: A batched case replays this share of its trials at batch 1 (at least :data:`MIN_REPLAYS`): 200 of
 #: 5,000, which adds ln(200) / 200 = 0.0265 to the case's ``tv_detectable`` (at the stage power 0.995). A replay costs about as
@@ -106,7 +106,7 @@ class SamplerLog(Interception):
         return any(d.kind == NOISE for d in self.draws)
 
     def _sampled(self, out, args, kwargs) -> torch.Tensor | None:
-        probs = _arg(args, kwargs, 0, "input")
+        probs = call_argument(args, kwargs, 0, "input")
         if probs.dim() == 0 or probs.shape[-1] != self.vocab_size:
             return None
         flat = probs.reshape(-1, self.vocab_size)

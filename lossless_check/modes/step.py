@@ -25,22 +25,24 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from ..adapters import DraftContext
-from ..analysis import position_tests, sequential_evidence, stop_sequentially, strata
-from ..attribution import accepted_impossible, attribute, without
-from ..candidates import check_candidates
-from ..compat import generator_processors, speculative_sampling
-from ..engine import guarded, kept, run_in_chunks, within_deadline
-from ..errors import GeneratorFailure, NotApplicable, Timeout
-from ..expected import UNSAMPLEABLE, ExactLaws, plain_sampling_fails, processed, unsampleable
-from ..results import POWER, Case, CaseResult, one_line
-from ..stats import Stratum, law_test
-from ..stubs import fixed_logits_lm
-from ..warpers import capture_processors
-from .batching import BATCH_SIZE, STAGE_POWER, decide_batching, draft_lengths, family_flag
-from .observations import Observations, widen
-from .randomness import FRESH_CALLS, FRESH_LEVEL, RandomnessWatch, fresh_draws_evalue
-from .replay import BatchMismatch, SamplerLog, confirm_impossible, replay_detectable_tv, replay_rows, replays_per_chunk
+from lossless_check.subjects.adapters import DraftContext
+from lossless_check.evidence.analysis import position_tests, sequential_evidence, stop_sequentially, strata
+from lossless_check.evidence.attribution import accepted_impossible, attribute, without
+from lossless_check.subjects.candidates import check_candidates
+from lossless_check.core.compat import generator_processors, speculative_sampling
+from lossless_check.running.chunks import guarded, kept, run_in_chunks, within_deadline
+from lossless_check.core.errors import GeneratorFailure, NotApplicable, Timeout
+from lossless_check.laws.expected import UNSAMPLEABLE, ExactLaws, plain_sampling_fails, processed, unsampleable
+from lossless_check.evidence.results import POWER, Case, CaseResult, one_line
+from lossless_check.stats import Stratum, law_test
+from lossless_check.laws.stubs import fixed_logits_lm
+from lossless_check.laws.warpers import capture_processors
+from lossless_check.modes.batching import BATCH_SIZE, STAGE_POWER, decide_batching, draft_lengths, family_flag
+from lossless_check.modes.observations import Observations, widen
+from lossless_check.modes.randomness import FRESH_CALLS, FRESH_LEVEL, RandomnessWatch, fresh_draws_evalue
+from lossless_check.modes.replay import (
+    BatchMismatch, SamplerLog, confirm_impossible, replay_detectable_tv, replay_rows, replays_per_chunk,
+)
 
 #: Memory the per-case cache of processed target logits may hold.
 TARGET_CACHE_BYTES = 256 * 2**20
@@ -140,7 +142,7 @@ class StepCase:
     def power(self) -> float:
         """The power each stage of the case states its ``tv_detectable`` at: :data:`~.batching.STAGE_POWER`
         for a case that starts batched (its batched stage, then possibly a batch-1 stage, each may
-        miss), else :data:`~lossless_check.results.POWER`."""
+        miss), else :data:`~lossless_check.evidence.results.POWER`."""
         return STAGE_POWER if self.starts_batched else POWER
 
     @property
@@ -309,12 +311,12 @@ class StepCase:
         return strata(rejected, position, self.laws.residual, self.case.scenario.vocab_size)
 
     def log_evalues(self, obs: Observations) -> np.ndarray:
-        """The running log e-values of the output laws (:func:`~lossless_check.analysis.log_evalues`)."""
+        """The running log e-values of the output laws (:func:`~lossless_check.evidence.analysis.log_evalues`)."""
         return self.evidence(obs)[0]
 
     def evidence(self, obs: Observations) -> tuple[np.ndarray, bool]:
         """The log e-values and whether a token fell outside its law's support
-        (:func:`~lossless_check.analysis.sequential_evidence`)."""
+        (:func:`~lossless_check.evidence.analysis.sequential_evidence`)."""
         return sequential_evidence(obs.emitted, self.positions_of(obs), self.laws.target,
                                    self.case.scenario.vocab_size)
 
@@ -407,16 +409,16 @@ def run_step_case(case: Case, samples: int, seed: int, alpha_case: float, sequen
     """Run and analyse one step-mode case (no family-wise decision).
 
     Fixed (``sequential=False``): the law tests at ``alpha_case`` after ``samples`` trials.
-    Sequential: :func:`~lossless_check.analysis.stop_sequentially` after each look. ``store``: where
-    finished chunks are kept (:func:`~lossless_check.engine.kept`).
+    Sequential: :func:`~lossless_check.evidence.analysis.stop_sequentially` after each look. ``store``: where
+    finished chunks are kept (:func:`~lossless_check.running.chunks.kept`).
     """
     return StepRun(case, samples, seed, alpha_case, sequential, timeout, batch_size, store).run()
 
 
 class StepRun:
     """A step case as seeded chunks and looks: run whole (:meth:`run`), or split, its chunks collected
-    elsewhere (:meth:`collect_here` in :attr:`state`) for ``run(fetch)`` (:mod:`lossless_check.scheduler`).
-    ``store`` (a :class:`~lossless_check.journal.ChunkStore`, or ``None``) keeps its finished chunks."""
+    elsewhere (:meth:`collect_here` in :attr:`state`) for ``run(fetch)`` (:mod:`lossless_check.running.scheduler`).
+    ``store`` (a :class:`~lossless_check.running.journal.ChunkStore`, or ``None``) keeps its finished chunks."""
 
     def __init__(self, case: Case, samples: int, seed: int, alpha_case: float, sequential: bool = True,
                  timeout: float = 600.0, batch_size: int = BATCH_SIZE, store=None):
@@ -459,7 +461,7 @@ class StepRun:
 
     def kept_outcomes(self, state) -> dict[int, tuple]:
         """The chunks :attr:`store` keeps for ``state``, as a split case's outcomes (``("ok",
-        observations, facts)``, as :func:`~lossless_check.scheduler.collect_chunk` returns them)."""
+        observations, facts)``, as :func:`~lossless_check.running.scheduler.collect_chunk` returns them)."""
         if self.store is None:
             return {}
         outcomes = {}

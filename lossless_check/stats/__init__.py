@@ -55,18 +55,26 @@ Power of the L1 test comes from the same inequalities applied to the unknown tru
 the vocabulary size in place of the support), so a "detectable TV" is a guarantee, not a normal
 approximation. Pearson chi-square and G statistics (scipy, asymptotic) are reported beside as
 diagnostics only: their p-values are not valid at small alpha.
+
+The layer's mathematics: imports only numpy and scipy (nothing else of lossless_check but core).
 """
 
 from __future__ import annotations
 
 
-from .diagnostics import MIN_EXPECTED_COUNT
-from .evalues import (LR_SCALES, LRTestResult, dirichlet_log_evalue, kt_regret, lr_detectable_tv, lr_log_evalue,
-                      lr_log_evalue_batch, lr_test, mixture_log_evalues)
-from .l1 import (L1_BOUNDS, L1_BOUNDS_LEGACY, MAX_ENUMERATED_SUPPORT, MAX_SUBSET_STRATA, LawTestResult, binomial_mad,
-                 detectable_tv, l1_threshold, law_test, samples_for_tv, tv_confidence_interval)
-from .strata import AcceptanceLaw, Stratum, bonferroni_min, holm_correction
-from .verdict import SHARE_L1, VerdictTestResult, verdict_detectable_tv, verdict_samples_for_tv, verdict_test
+from lossless_check.stats.diagnostics import MIN_EXPECTED_COUNT
+from lossless_check.stats.evalues import (
+    LR_SCALES, LRTestResult, dirichlet_log_evalue, kt_regret, lr_detectable_tv, lr_log_evalue, lr_log_evalue_batch,
+    lr_test, mixture_log_evalues,
+)
+from lossless_check.stats.l1 import (
+    L1_BOUNDS, L1_BOUNDS_LEGACY, MAX_ENUMERATED_SUPPORT, MAX_SUBSET_STRATA, LawTestResult, binomial_mad, detectable_tv,
+    l1_threshold, law_test, samples_for_tv, tv_confidence_interval,
+)
+from lossless_check.stats.strata import AcceptanceLaw, Stratum, bonferroni_min, holm_correction
+from lossless_check.stats.verdict import (
+    SHARE_L1, VerdictTestResult, verdict_detectable_tv, verdict_samples_for_tv, verdict_test,
+)
 
 __all__ = ["AcceptanceLaw", "L1_BOUNDS", "L1_BOUNDS_LEGACY", "LR_SCALES", "LRTestResult", "LawTestResult",
            "MAX_ENUMERATED_SUPPORT", "MAX_SUBSET_STRATA", "MIN_EXPECTED_COUNT", "SHARE_L1", "Stratum",

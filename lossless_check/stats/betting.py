@@ -12,7 +12,7 @@ statistics ``w`` of the token, most of them bounded, each centred by its exact n
 
 ``w`` one of ``1[q > p]``, ``min(q/p, 2)``, ``min(q/p, 8)``, ``q/p``, and ``r/p`` for a law ``r`` on the
 support of ``p`` that a named bug class would emit at that prefix (computed from the laws alone, before
-the token is seen: the pair's raw-logits law, :func:`lossless_check.models.pair.raw_logits_law`); the
+the token is seen: the pair's raw-logits law, :func:`lossless_check.modes.models.pair.raw_logits_law`); the
 e-value is the equal-weight mixture of all of them (a mixture of e-processes is one). Each factor is
 ``>= 1 - eps >= 0`` and has mean exactly 1 under the null, so ``E_t`` is a nonnegative martingale and,
 by Ville's inequality, ``P(exists t: E_t >= 1/alpha) <= alpha``. It is valid whatever ``q_t`` is (q only

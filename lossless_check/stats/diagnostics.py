@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.special import chdtrc
 
-from .strata import Stratum
+from lossless_check.stats.strata import Stratum
 
 #: Cells with an expected count below this are pooled before the chi-square / G diagnostics.
 MIN_EXPECTED_COUNT = 5.0

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import gammaln, logsumexp
 
-from .l1 import _power_threshold
-from .strata import Stratum
+from lossless_check.stats.l1 import _power_threshold
+from lossless_check.stats.strata import Stratum
 
 def mixture_log_evalues(strata: np.ndarray, tokens: np.ndarray, laws: Sequence[np.ndarray]) -> np.ndarray:
     """Running log e-value of a stream of observations against exact laws (an anytime-valid test).

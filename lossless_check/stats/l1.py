@@ -12,8 +12,8 @@ import numpy as np
 from scipy import optimize
 from scipy.special import bdtrc, gammaln
 
-from .diagnostics import _chi2_diagnostics
-from .strata import Stratum
+from lossless_check.stats.diagnostics import _chi2_diagnostics
+from lossless_check.stats.strata import Stratum
 
 
 #: Supports up to this size have their token sets enumerated by the ``subsets`` bound.

@@ -15,7 +15,7 @@ class Stratum:
     counts: np.ndarray  # int, shape (V,)
     expected: np.ndarray  # float64 probabilities, shape (V,)
     #: For counts of cells of a coarsened vocabulary: the most TV a true token law can have beyond its
-    #: TV on these cells (``lossless_check.analysis.within_cell_tv``); ``None`` for counts of tokens.
+    #: TV on these cells (``lossless_check.evidence.analysis.within_cell_tv``); ``None`` for counts of tokens.
     within_cell_tv: float | None = None
 
     @property

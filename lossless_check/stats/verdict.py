@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .evalues import lr_detectable_tv, lr_test
-from .l1 import LawTestResult, detectable_tv, law_test, samples_for_tv
-from .strata import Stratum
+from lossless_check.stats.evalues import lr_detectable_tv, lr_test
+from lossless_check.stats.l1 import LawTestResult, detectable_tv, law_test, samples_for_tv
+from lossless_check.stats.strata import Stratum
 
 #: Default share of ``alpha`` the verdict gives the L1 test (the rest goes to the likelihood ratio).
 SHARE_L1 = 0.5

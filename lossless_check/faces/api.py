@@ -1,0 +1,308 @@
+"""The Python API: :func:`check` one generator, :func:`run` a matrix, and :func:`run_cases` under both.
+
+    import lossless_check as lc
+
+    result = lc.check("DFlashTokenCandidateGenerator", warpers="top_k=3")
+    print(result.verdict, result.p_value, result.tv, result.tv_detectable)
+    print(result.explain())
+
+Generators are named as on the command line: a built-in class name, or ``module:attr`` for a user
+class or factory. A run controls the family-wise false-failure rate ``alpha`` over all of its
+statistical cases (Holm); a single :func:`check` is a family of one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Callable, Iterable
+
+from lossless_check.running.chunks import CHUNK_TIMEOUT
+from lossless_check.running.engine import make_engine
+from lossless_check.core.errors import UsageError
+from lossless_check.modes.informativeness import attach_plan, evidence_plan
+from lossless_check.modes import MODES, STATISTICAL_MODES, chunked_run, run_case, skip_reason
+from lossless_check.evidence.results import Case, CaseResult, RunResult, decide
+
+#: Trials per case: position 1 then detects a TV of about 0.07 (vocabulary 8, family alpha 1e-6).
+DEFAULT_SAMPLES = 5_000
+DEFAULT_ALPHA = 1e-6
+#: The scenario of the CLI, the plugin and the API alike.
+DEFAULT_SCENARIO = "markov8"
+
+
+class RunInterrupted(Exception):
+    """SIGINT or SIGTERM stopped a run: ``partial`` holds its finished cases, decided among themselves,
+    and the others as ``unfinished``."""
+
+    def __init__(self, partial: RunResult):
+        super().__init__(f"interrupted after {sum(c.verdict != 'unfinished' for c in partial.cases)} of "
+                         f"{len(partial.cases)} cases")
+        self.partial = partial
+
+
+def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers: int = 1,
+              progress: Callable[[int], None] | None = None, sequential: bool = True,
+              timeout: float = CHUNK_TIMEOUT, batch_size: int | None = None,
+              samples_by_mode: dict[str, int] | None = None, journal=None, backend: str = "local",
+              address: str | None = None, verifier: bool = False, verifier_gates: bool = False,
+              chunks=None) -> RunResult:
+    """Run cases of any mode on one engine; the family-wise decision covers every statistical case.
+
+    ``verifier``: add the exact check of the installed ``_speculative_sampling`` as the last row
+    (:func:`~lossless_check.outputs.verifier_report.verifier_row`; no share of ``alpha``, outside Holm; last, so
+    that ``results[i]`` stays the result of ``cases[i]``). It is a subject of the run (it can make the
+    run fail) only with ``verifier_gates``; otherwise it is reported beside the cases (``subject=False``).
+
+    ``samples_by_mode`` overrides ``samples`` for the cases of a mode (the gate runs the slower
+    generate mode at fewer trials; each case states its own ``tv_detectable``).
+
+    ``progress(trials)`` is called as each case completes, with the trials it ran. Results do not depend on ``workers``.
+    ``journal`` (a :class:`~lossless_check.running.journal.Journal`): its finished cases are not run again, and
+    each case is recorded there as it finishes; within the others, the chunks its store keeps are not
+    collected again, and each chunk is kept there as it finishes (``chunks``: another
+    :class:`~lossless_check.running.journal.ChunkStore`, for a run without a journal). A ``KeyboardInterrupt``
+    (SIGINT; the CLI turns SIGTERM into one) stops the workers and raises :class:`RunInterrupted`. ``backend="ray"`` runs the case
+    tasks on Ray (``address``: an existing cluster; default a local instance of ``workers`` CPUs).
+    """
+    if chunks is None and journal is None and backend == "ray":
+        # A task Ray retries (its node lost) reads back the chunks it kept before: a run without a
+        # journal keeps them for its own length, here (a node sharing this file system sees them).
+        import tempfile
+
+        from lossless_check.running.journal import ChunkStore
+
+        with tempfile.TemporaryDirectory(prefix="lossless-chunks-") as kept:
+            return run_cases(cases, samples, alpha, seed, workers, progress, sequential, timeout, batch_size,
+                             samples_by_mode, journal, backend, address, verifier, verifier_gates,
+                             chunks=ChunkStore(kept))
+    _check_processors(cases)
+    statistical = [c.mode in STATISTICAL_MODES for c in cases]
+    informative = evidence_plan(cases)
+    # Alpha is split over the cases that can produce evidence: not a case known to be skipped or to
+    # error before its trials (modes.skip_reason), nor one vacuous by the exact laws (it still runs,
+    # for its exact checks; decide() gives it no share).
+    alpha_case = alpha / max(1, sum(s and i != [] and skip_reason(c, timeout) is None
+                                    for c, s, i in zip(cases, statistical, informative)))
+    tasks = [replace(c, mode="step") if c.mode == "all" else c for c in cases]
+    results: list = [None if journal is None else journal.done.get(i) for i in range(len(cases))]
+    todo = [i for i, r in enumerate(results) if r is None]
+    chunks = chunks if chunks is not None or journal is None else journal.chunks
+    planned = [(samples_by_mode or {}).get(t.mode, samples) for t in tasks]
+
+    def finished(k: int, result: CaseResult) -> None:
+        results[todo[k]] = result
+        if journal is not None:
+            journal.record(todo[k], result)
+
+    try:
+        with make_engine(workers, backend, address) as engine:
+            engine.map(run_case, [(tasks[i], planned[i], seed, alpha_case, sequential, timeout, batch_size, chunks)
+                                  for i in todo], progress,
+                       cost=[_work_estimate(tasks[i], planned[i]) for i in todo], finished=finished,
+                       split=chunked_run)
+    except KeyboardInterrupt:
+        partial = [r or c.result(verdict="unfinished", reason="the run was interrupted before this case finished")
+                   for c, r in zip(cases, results)]
+        for case, result, positions in zip(tasks, partial, informative):
+            if result.verdict != "unfinished":
+                attach_plan(result, case, positions)
+        decide([r for r, s in zip(partial, statistical) if s], alpha)
+        raise RunInterrupted(RunResult(partial, alpha, seed, samples, interrupted=True)) from None
+    for case, result, positions in zip(tasks, results, informative):
+        attach_plan(result, case, positions)
+    decide([r for r, s in zip(results, statistical) if s], alpha)
+    for case, task, result in zip(cases, tasks, results):
+        if case.mode == "all":
+            from lossless_check.modes.provenance import attach_provenance
+
+            attach_provenance(result, task, seed)
+    if verifier:
+        from lossless_check.outputs.verifier_report import verifier_row
+
+        results.append(verifier_row(cases[0].scenario.name if cases else DEFAULT_SCENARIO, subject=verifier_gates))
+    return RunResult(results, alpha, seed, samples)
+
+
+#: Rough trials per second of one core, by mode, at a small vocabulary (measured on 5.24); a case
+#: above :data:`~lossless_check.evidence.analysis.COARSEN_ABOVE_VOCAB` runs about 30 times slower (the
+#: drafter's real top-p and sampling over 32,000 logits). Used only to order the work queue and to
+#: choose the cases split across workers (:func:`~lossless_check.running.scheduler.should_split`).
+_TRIALS_PER_SECOND = {"step": 2000.0, "provenance": 2000.0, "generate": 100.0}
+#: Seconds of one greedy case (measured on 5.24: 4-6 s on markov8, MTP 19 s).
+_GREEDY_SECONDS = 6.0
+
+
+def _work_estimate(case: Case, samples: int) -> float:
+    from lossless_check.evidence.analysis import COARSEN_ABOVE_VOCAB
+
+    if case.mode == "greedy":
+        return _GREEDY_SECONDS  # a fixed set of comparisons, whatever ``samples``
+
+    large = getattr(case.scenario, "vocab_size", 0) > COARSEN_ABOVE_VOCAB
+    return samples / _TRIALS_PER_SECOND.get(case.mode, 100.0) * (30.0 if large else 1.0)
+
+
+def _check_processors(cases: list[Case]) -> None:
+    """Build each distinct warper stack's processors once here, so that values ``generate()``
+    refuses stop the run with a usage error before any work."""
+    from lossless_check.laws.scenarios import Scenario
+    from lossless_check.laws.stubs import fixed_logits_lm
+    from lossless_check.laws.warpers import capture_processors, format_warpers
+
+    import torch
+
+    seen = set()
+    for case in cases:
+        key = (case.scenario.name, format_warpers(case.warpers))
+        if key in seen or not isinstance(case.scenario, Scenario):
+            continue
+        seen.add(key)
+        scenario = case.scenario
+        target = fixed_logits_lm(scenario.target, prompt_length=len(scenario.prompt))
+        capture_processors(target, torch.tensor([scenario.prompt]), case.warpers, 4)
+
+
+def resolve_scenario(name: str, mode: str = "step"):
+    """A scenario by name: ``markov8``, ``iid8`` (fixed logits) or ``tiny-llama`` (generate mode only)."""
+    from lossless_check.laws.scenarios import SCENARIOS
+
+    if name == "tiny-llama":
+        if mode not in ("generate", "greedy"):
+            raise UsageError("the tiny-llama scenario runs in generate and greedy modes only "
+                             "(--mode generate or greedy)")
+        from lossless_check.modes.generate import TINY_LLAMA
+
+        return TINY_LLAMA
+    if name not in SCENARIOS:
+        raise UsageError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}, tiny-llama")
+    return SCENARIOS[name]
+
+
+def _stacks(warpers) -> list[dict[str, Any]]:
+    from lossless_check.laws.warpers import parse_warpers
+
+    if warpers is None:
+        return []
+    if isinstance(warpers, (str, dict)):
+        warpers = [warpers]
+    stacks = []
+    for stack in warpers:
+        if isinstance(stack, str):
+            stacks.append(parse_warpers(stack))
+        else:
+            from lossless_check.laws.warpers import validate_warpers
+
+            validate_warpers(dict(stack))
+            stacks.append(dict(stack))
+    return stacks
+
+
+def cases_for(generators: Iterable[str] | str | None = None, warpers=None, matrix: str | None = None,
+              mode: str = "step", scenario: str | None = None, max_new_tokens: int = 4) -> list[Case]:
+    """The cases of a run: every generator x warper stack (``--warpers`` stacks, then the matrix's).
+
+    ``scenario=None``: the stacks run on :data:`DEFAULT_SCENARIO`, and a ``default`` or ``full``
+    matrix adds its real-world slices (:func:`~lossless_check.laws.matrix.real_world_slices`) in the
+    run's step-side mode; a named scenario runs every stack there and nothing else. Greedy rows
+    (:func:`greedy_cases`): ``mode="greedy"`` runs only them; a step or all run over the whole install
+    (``generators=None``: the main job) adds them.
+    """
+    from lossless_check.subjects.adapters import resolve_generator
+    from lossless_check.subjects.adapters import DEFAULT_GENERATORS
+    from lossless_check.laws.matrix import matrix as matrix_stacks
+
+    if mode not in MODES:
+        raise UsageError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
+    if isinstance(generators, str):
+        generators = [generators]
+    resolved = [resolve_generator(g) for g in (generators or DEFAULT_GENERATORS)]
+    stacks = _stacks(warpers)
+    if mode == "greedy":
+        return greedy_cases(resolved, stacks, scenario)
+    matrix_name = matrix or (None if stacks else "default")
+    if matrix_name:
+        stacks += matrix_stacks(matrix_name)
+    modes = ["all", "generate"] if mode == "all" else [mode]
+    cases = []
+    for m in modes:
+        chosen = resolve_scenario(scenario or DEFAULT_SCENARIO, m)
+        cases += [Case(g, w, m, chosen, max_new_tokens) for g in resolved for w in stacks]
+    if scenario is None and matrix_name:
+        cases += real_world_cases(resolved, matrix_name, modes[0], max_new_tokens)
+    if generators is None and mode in ("step", "all"):
+        cases += greedy_cases(resolved, [], scenario)
+    return cases
+
+
+def greedy_cases(generators: list, stacks: list[dict[str, Any]], scenario: str | None = None) -> list[Case]:
+    """Greedy mode's rows (:mod:`~lossless_check.modes.greedy`): one per resolved generator and base stack
+    (none given: one per generator, the greedy processors alone and in pairs on top of no warper).
+
+    ``scenario=None``: on :data:`DEFAULT_SCENARIO`, plus the tiny Llamas for the generators they drive
+    (assistant model and prompt lookup: a real model's cache and positions, 4.39-4.40's stale positions);
+    a named scenario: there only.
+    """
+    from lossless_check.modes.loop_models import ASSISTED, PROMPT_LOOKUP
+
+    chosen = resolve_scenario(scenario or DEFAULT_SCENARIO, "greedy")
+    cases = [Case(g, w, "greedy", chosen) for g in generators for w in (stacks or [{}])]
+    if scenario is None:
+        tiny = resolve_scenario("tiny-llama", "greedy")
+        cases += [Case(g, w, "greedy", tiny) for g in generators for w in (stacks or [{}])
+                  if g.adapter.name in (ASSISTED, PROMPT_LOOKUP)]
+    return cases
+
+
+def real_world_cases(generators: list, matrix_name: str, mode: str, max_new_tokens: int = 4) -> list[Case]:
+    """The real-world slices of matrix ``matrix_name`` (:func:`~lossless_check.laws.matrix.real_world_slices`)
+    for resolved ``generators``, in ``mode`` (none in generate mode)."""
+    from lossless_check.laws.matrix import real_world_slices
+
+    if mode == "generate":
+        return []
+    return [Case(g, stack, mode, resolve_scenario(name, mode), max_new_tokens)
+            for name, stack in real_world_slices(matrix_name) for g in generators]
+
+
+def run(generators: Iterable[str] | str | None = None, warpers=None, matrix: str | None = None, mode: str = "step",
+        scenario: str | None = None, samples: int = DEFAULT_SAMPLES, alpha: float = DEFAULT_ALPHA, seed: int = 0,
+        workers: int = 1, sequential: bool = True, max_new_tokens: int = 4,
+        progress: Callable[[int], None] | None = None, verifier: bool = True,
+        verifier_gates: bool | None = None) -> RunResult:
+    """Check every generator under every warper stack; verdicts control the family-wise rate ``alpha``.
+
+    ``generators``: names or ``module:attr`` specs (default: every built-in); ``warpers``: a spec
+    string (``"top_k=3,temperature=0.7"``), a dict of ``GenerationConfig`` keywords, or a list of
+    either; ``matrix``: ``smoke``, ``default`` or ``full`` (default when no ``warpers``: ``default``);
+    ``scenario``: a scenario name (default: ``markov8``, plus the matrix's real-world slices, see
+    :func:`cases_for`). ``sequential`` (default): a case stops at the first trial its anytime e-value rejects; a clean
+    case runs to ``samples``. Returns a :class:`~lossless_check.evidence.results.RunResult` (``.cases``,
+    ``.exit_code``, ``.counts()``). ``verifier`` (default): the run's last row is the exact check of
+    the installed ``_speculative_sampling`` (``lossless-check verifier``); ``False`` leaves it out.
+    The exit code and counts are the subjects': the named ``generators``, and the verifier only in a
+    run over every built-in (``generators=None``) or with ``verifier_gates=True``; otherwise its row
+    is reported beside them (``subject`` false). ``workers`` > 1 starts worker processes that import
+    the calling script again (multiprocessing's spawn): call this under ``if __name__ == "__main__":``
+    (a call outside it is refused with a :class:`~lossless_check.core.errors.UsageError` saying so).
+    """
+    cases = cases_for(generators, warpers, matrix, mode, scenario, max_new_tokens)
+    gates = generators is None if verifier_gates is None else verifier_gates
+    return run_cases(cases, samples, alpha, seed, workers, progress, sequential, verifier=verifier,
+                     verifier_gates=gates)
+
+
+def check(generator: str, warpers=None, mode: str = "step", scenario: str = DEFAULT_SCENARIO,
+          samples: int = DEFAULT_SAMPLES, alpha: float = DEFAULT_ALPHA, seed: int = 0, sequential: bool = True,
+          max_new_tokens: int = 4) -> CaseResult:
+    """Check one generator under one warper stack (plain sampling when ``warpers`` is ``None``).
+
+    Returns a :class:`~lossless_check.evidence.results.CaseResult`: ``verdict`` (``lossless``,
+    ``not_lossless``, ``vacuous`` (the stack leaves nothing for ``q`` to change: only the exact checks
+    ran), ``error`` or ``skipped``), ``p_value``, ``tv``, ``tv_detectable`` (the smallest
+    TV at position 1 detected with probability 0.99) and ``explain()``. The chance that a lossless
+    generator is reported ``not_lossless`` is at most ``alpha``.
+    """
+    if mode == "all":
+        raise UsageError("check() takes one mode: step, generate, provenance or greedy")
+    cases = cases_for([generator], warpers if warpers is not None else "none", None, mode, scenario, max_new_tokens)
+    return run_cases(cases[:1], samples, alpha, seed, sequential=sequential).cases[0]

@@ -1,0 +1,114 @@
+"""``lossless-check models``: a user's own target/assistant pair checked in the real ``generate()``.
+
+:func:`check_models` loads both checkpoints offline, then runs, for every generator family that applies
+(or each named one) and every warper stack, the exact, statistical and greedy checks of :mod:`.pair`.
+The statistical tests share the family-wise ``alpha`` (Bonferroni over generators and stacks); the exact
+and greedy checks spend none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lossless_check.core.errors import UsageError
+from lossless_check.modes.models.pair import FAMILIES, PairRow
+
+DEFAULT_ALPHA = 1e-6
+#: Most sampling generate() calls per row (each stops at its first rejection).
+DEFAULT_SAMPLES = 64
+DEFAULT_MAX_NEW_TOKENS = 32
+#: Without ``warpers``: a truncating stack, the one under which a raw-logits q differs from the drafts' law.
+DEFAULT_WARPERS = ("top_k=50",)
+
+
+@dataclass
+class ModelsResult:
+    """Every row of a :func:`check_models` run; ``exit_code`` as ``lossless-check run``'s."""
+
+    rows: list[PairRow]
+    alpha: float
+    seed: int
+    settings: dict = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if any(r.verdict in ("not_lossless", "error") for r in self.rows) else 0
+
+    def to_dict(self) -> dict:
+        """The JSON report: the run report's keys (``cases``, ``alpha_family``...) plus the pair's settings."""
+        import torch
+        import transformers
+
+        return {"command": "models", "transformers_version": transformers.__version__,
+                "torch_version": torch.__version__, "alpha_family": self.alpha, "seed": self.seed, **self.settings,
+                "cases": [r.to_dict() for r in self.rows], "exit_code": self.exit_code}
+
+    def table(self) -> str:
+        lines = []
+        for r in self.rows:
+            lines.append(f"{r.verdict:<13} {r.generator} [{r.warpers}]  ({r.seconds:.1f} s)")
+            lines.append(f"    {r.reason}")
+            stats = r.statistical
+            if stats:
+                tv, bug = stats["tv_target_drafter"], stats["tv_raw_logits_bug_first_position"]
+                if tv["positions"]:
+                    lines.append(f"    TV(target, drafter) per position: median {tv['median']:.3g}, "
+                                 f"p95 {tv['p95']:.3g}; "
+                                 f"a raw-logits q would emit at TV median {bug['median']:.3g}, p95 {bug['p95']:.3g} "
+                                 f"({tv['positions']} positions)")
+        return "\n".join(lines)
+
+
+def resolve_families(generators) -> list:
+    """The named generators (built-in names or ``module:attr`` subclasses of a family a pair drives), or
+    every family the pair drives; a one-line :class:`UsageError` for the others."""
+    from lossless_check.subjects.adapters import resolve_generator
+
+    resolved = [resolve_generator(g) for g in (generators or FAMILIES)]
+    for r in resolved:
+        if r.adapter.name == "factory":
+            raise UsageError(f"generator {r.spec!r} is a factory: factories build generators over the harness's "
+                             f"stub models; with a model pair name a class (a subclass of {' or '.join(FAMILIES)})")
+        if r.adapter.name not in FAMILIES:
+            raise UsageError(f"generator {r.spec!r}: a model pair drives {' and '.join(FAMILIES)} (and their "
+                             f"subclasses); {r.adapter.name} needs models of its own kind")
+    return resolved
+
+
+def check_models(target: str, assistant: str, generators=None, warpers=None, prompts: str | None = None,
+                 max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, samples: int = DEFAULT_SAMPLES,
+                 alpha: float = DEFAULT_ALPHA, seed: int = 0, device: str = "cpu") -> ModelsResult:
+    """Check speculative decoding with the user's own pair: ``target`` and ``assistant`` are local
+    ``save_pretrained`` folders (loaded with ``local_files_only=True``).
+
+    ``generators``: built-in names or ``module:attr`` classes (default: AssistedCandidateGenerator and
+    PromptLookupCandidateGenerator); ``warpers``: spec strings or dicts (default :data:`DEFAULT_WARPERS`);
+    ``prompts``: a file, one prompt per line (text through the target's tokenizer when its folder has
+    one, else space-separated token ids), default seeded random ids; ``samples``: most sampling
+    ``generate()`` calls per row. A lossless pair is reported ``not_lossless`` with probability at most
+    ``alpha``; the exact and greedy checks never fail a lossless pair.
+    """
+    from lossless_check.faces.api import _stacks
+    from lossless_check.modes.models.loading import (
+        check_checkpoint_dir, check_prompts_file, load_model, load_tokenizer, read_prompts,
+    )
+    from lossless_check.modes.models.pair import check_row
+
+    check_checkpoint_dir(target, "--target")
+    check_checkpoint_dir(assistant, "--assistant")
+    check_prompts_file(prompts)
+    resolved = resolve_families(generators)
+    stacks = _stacks(warpers if warpers else list(DEFAULT_WARPERS))
+    target_model = load_model(target, device, "--target")
+    assistant_model = load_model(assistant, device, "--assistant")
+    vocab = target_model.get_output_embeddings().weight.shape[0]
+    prompt_ids = read_prompts(prompts, load_tokenizer(target), vocab, seed)
+    alpha_row = alpha / (len(resolved) * len(stacks))
+    rows = [check_row(target_model, assistant_model, g, stack, prompt_ids, max_new_tokens, samples, alpha_row, seed)
+            for g in resolved for stack in stacks]
+    return ModelsResult(rows, alpha, seed, {"target": target, "assistant": assistant, "device": device,
+                                            "max_new_tokens": max_new_tokens, "samples": samples,
+                                            "prompts": prompts or "built-in"})
+
+
+__all__ = ["DEFAULT_ALPHA", "ModelsResult", "check_models"]

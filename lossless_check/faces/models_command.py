@@ -1,0 +1,61 @@
+"""``lossless-check models``: the CLI of :mod:`lossless_check.faces.models` (nothing heavy imported to build it)."""
+
+from __future__ import annotations
+
+from lossless_check.core.options import positive_int, probability
+
+
+def add_models_command(sub) -> None:
+    """The ``models`` subcommand of the CLI."""
+    models = sub.add_parser("models", help="check speculative decoding with your own target/assistant checkpoints "
+                                           "(exact q provenance, a statistical test per emitted token, greedy "
+                                           "equivalence; exit 1: not lossless)")
+    models.add_argument("--target", required=True, metavar="DIR", help="the target's save_pretrained folder")
+    models.add_argument("--assistant", required=True, metavar="DIR", help="the assistant's save_pretrained folder")
+    models.add_argument("--generator", action="append", metavar="NAME|module:attr",
+                        help="generator to check (repeatable; default AssistedCandidateGenerator and "
+                             "PromptLookupCandidateGenerator)")
+    models.add_argument("--warpers", action="append", metavar="k=v,k=v",
+                        help="a warper stack (repeatable; 'none' for plain sampling; default top_k=50)")
+    models.add_argument("--prompts", metavar="FILE", help="one prompt per line: text (tokenized by the target's "
+                                                          "tokenizer) or token ids; default 8 seeded random prompts")
+    models.add_argument("--max-new-tokens", type=positive_int, default=32, metavar="K",
+                        help="tokens per generate() call (default 32)")
+    models.add_argument("--samples", type=positive_int, default=64, metavar="N",
+                        help="most sampling generate() calls per generator and stack; stops at a rejection "
+                             "(default 64)")
+    models.add_argument("--alpha", type=probability, default=1e-6,
+                        help="family-wise false-failure rate (default 1e-6)")
+    models.add_argument("--seed", type=int, default=0)
+    models.add_argument("--device", default="cpu", help="torch device of both models (default cpu)")
+    models.add_argument("--json", metavar="PATH", help="write the report here")
+
+
+def precheck_models(args) -> None:
+    """Paths, generator names and warper syntax, before torch is imported."""
+    from lossless_check.running.journal import check_writable_file
+    from lossless_check.modes.models.loading import check_checkpoint_dir, check_prompts_file
+    from lossless_check.laws.warpers import split_warpers
+
+    check_checkpoint_dir(args.target, "--target")
+    check_checkpoint_dir(args.assistant, "--assistant")
+    check_prompts_file(args.prompts)
+    for spec in args.warpers or []:
+        split_warpers(spec)
+    if args.json:
+        check_writable_file(args.json, "--json")
+
+
+def models_command(args) -> int:
+    """Exit 0 when every row is lossless (or skipped), 1 when one is not lossless or errs."""
+    import json
+
+    from lossless_check.running.journal import write_atomically
+    from lossless_check.faces.models import check_models
+
+    result = check_models(args.target, args.assistant, args.generator, args.warpers, args.prompts,
+                          args.max_new_tokens, args.samples, args.alpha, args.seed, args.device)
+    print(result.table())
+    if args.json:
+        write_atomically(args.json, json.dumps(result.to_dict(), indent=2, default=str) + "\n")
+    return result.exit_code

@@ -1,0 +1,90 @@
+"""A user's model pair and prompts: local checkpoints, offline, checked before any work."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lossless_check.core.errors import UsageError
+
+#: Built-in prompts: this many seeded random token-id prompts of :data:`PROMPT_LENGTH` tokens.
+BUILTIN_PROMPTS, PROMPT_LENGTH = 8, 8
+
+
+def check_checkpoint_dir(path: str, option: str) -> None:
+    """A directory holding a ``config.json`` (what ``from_pretrained`` reads first); one-line error otherwise."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise UsageError(f"{option} {path!r} is not a directory")
+    if not (folder / "config.json").is_file():
+        raise UsageError(f"{option} {path!r} has no config.json: not a saved model (save_pretrained writes one)")
+
+
+def check_prompts_file(path: str | None) -> None:
+    if path is not None and not Path(path).is_file():
+        raise UsageError(f"--prompts {path!r} is not a file")
+
+
+def load_model(path: str, device: str, option: str):
+    """``AutoModelForCausalLM.from_pretrained(path, local_files_only=True)`` in eval mode on ``device``."""
+    from transformers import AutoModelForCausalLM
+
+    from lossless_check.subjects.adapters.mtp import _quiet_loading
+
+    check_checkpoint_dir(path, option)
+    try:
+        with _quiet_loading():
+            model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - a broken or foreign checkpoint is the user's input
+        raise UsageError(f"{option} {path!r} cannot be loaded: {_first_line(exc)}") from None
+    try:
+        return model.to(device).eval()
+    except Exception as exc:  # noqa: BLE001 - e.g. --device cuda without a GPU
+        raise UsageError(f"--device {device!r}: {_first_line(exc)}") from None
+
+
+def load_tokenizer(path: str):
+    """The tokenizer saved beside the target, or ``None`` when the folder has none."""
+    folder = Path(path)
+    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as exc:  # noqa: BLE001
+        raise UsageError(f"--target {path!r}: its tokenizer cannot be loaded: {_first_line(exc)}") from None
+
+
+def read_prompts(path: str | None, tokenizer, vocab_size: int, seed: int) -> list[list[int]]:
+    """Prompts as token ids: one per non-empty line of ``path`` (text through ``tokenizer``, or
+    space-separated token ids when there is none), else :data:`BUILTIN_PROMPTS` seeded random ones."""
+    import numpy as np
+
+    if path is None:
+        rng = np.random.default_rng([seed, 42])
+        return [[int(t) for t in rng.integers(0, vocab_size, PROMPT_LENGTH)] for _ in range(BUILTIN_PROMPTS)]
+    prompts = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        if tokenizer is not None:
+            ids = tokenizer(line, add_special_tokens=True)["input_ids"]
+        else:
+            try:
+                ids = [int(t) for t in line.split()]
+            except ValueError:
+                raise UsageError(f"--prompts {path}:{number}: no tokenizer beside the target, so a line must be "
+                                 f"token ids separated by spaces") from None
+            if any(not 0 <= t < vocab_size for t in ids):
+                raise UsageError(f"--prompts {path}:{number}: token ids must lie in [0, {vocab_size})")
+        if not ids:
+            raise UsageError(f"--prompts {path}:{number}: the prompt has no tokens")
+        prompts.append(list(ids))
+    if not prompts:
+        raise UsageError(f"--prompts {path!r} has no prompt (one per line)")
+    return prompts
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

@@ -1,0 +1,97 @@
+"""The engine shared by every mode: the pool of worker processes (or Ray) that runs a run's cases.
+
+A case runs as one task, or, where it pays, split: its chunks (:mod:`lossless_check.running.chunks`)
+are tasks of their own and its looks are taken in this process (:mod:`lossless_check.running.scheduler`).
+The pool is started once per run and every mode's cases share it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from typing import Callable
+
+from lossless_check.running.workers import init_worker, one_thread
+
+
+def make_engine(workers: int = 1, backend: str = "local", address: str | None = None):
+    """The run's engine: the local pool (:class:`Engine`), or Ray (:mod:`lossless_check.running.ray_backend`)."""
+    if backend == "ray":
+        from lossless_check.running.ray_backend import RayEngine
+
+        return RayEngine(workers, address)
+    return Engine(workers)
+
+
+class Engine:
+    """Where a run's tasks execute: this process, or a pool of worker processes started once."""
+
+    def __init__(self, workers: int = 1):
+        self.workers = workers
+        self._pool: ProcessPoolExecutor | None = None
+        self._abandoned: list = []
+
+    def map(self, task: Callable, arguments: list[tuple], progress: Callable[[int], None] | None = None,
+            cost: list[float] | None = None, finished: Callable[[int, object], None] | None = None,
+            split: Callable | None = None) -> list:
+        """``[task(*a) for a in arguments]``, on the pool when there is one and it has work for more
+        than one worker.
+
+        ``progress(trials)`` is called as each task completes, with its result's ``samples``, and
+        ``finished(index, result)`` too (a journal keeps it). ``cost`` (an estimate per task, in
+        seconds of one core) orders the queue, longest first, so that a long task does not start last
+        and run alone; ``split(*a)`` gives a task as chunks and looks (or ``None``), so that a case
+        that would keep workers idle is split across them (:mod:`lossless_check.running.scheduler`). Results
+        come back in the order of ``arguments``, and are the same either way.
+        """
+        from lossless_check.running.scheduler import Scheduler, worth_a_pool
+
+        if self.workers <= 1 or not worth_a_pool(arguments, cost, split, self.workers):
+            with one_thread():
+                results = []
+                for index, args in enumerate(arguments):
+                    results.append(task(*args))
+                    _report(index, results[-1], progress, finished)
+            return results
+        scheduler = Scheduler(self._start().submit, self.workers)
+        try:
+            with one_thread():  # a split case's looks run here, as they would in a worker
+                return scheduler.map(task, arguments, progress, cost, finished, split)
+        finally:
+            self._abandoned += scheduler.abandoned
+
+    def _start(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            from lossless_check.running.spawn_guard import check_main_guard
+
+            check_main_guard(self.workers)
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=init_worker)
+        return self._pool
+
+    def close(self, stop_now: bool = False) -> None:
+        """Shut the pool down; ``stop_now`` (an interrupted run) ends the cases still running too, and
+        so does a chunk still running that no case needs any more (a split case stopped before it)."""
+        if self._pool is not None:
+            stop_now = stop_now or any(not future.done() for future in self._abandoned)
+            workers = list(getattr(self._pool, "_processes", {}).values()) if stop_now else []
+            self._pool.shutdown(wait=not stop_now, cancel_futures=True)
+            for process in workers:
+                process.terminate()
+            for process in workers:
+                process.join()
+            self._pool = None
+            self._abandoned = []
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, kind, *exc) -> None:
+        self.close(stop_now=kind is not None and issubclass(kind, KeyboardInterrupt))
+
+
+def _report(index: int, result, progress, finished) -> None:
+    if finished is not None:
+        finished(index, result)
+    if progress is not None:
+        progress(result.samples)

@@ -1,0 +1,58 @@
+"""Users' own generators built by a factory: ``--generator module:make_generator``.
+
+The factory protocol::
+
+    def make_generator(ctx: lossless_check.subjects.adapters.DraftContext) -> CandidateGenerator
+
+``ctx`` carries the stubs and the configuration of one case: ``ctx.scenario`` (the fixed-logits
+tables and prompt), ``ctx.target`` (the fixed-logits target model, a real ``PreTrainedModel``),
+``ctx.assistant()`` (a fixed-logits assistant model that drafts from the scenario's drafter table,
+``gamma`` tokens per round), ``ctx.generation_config`` and ``ctx.processors`` (exactly what
+``generate()`` built for the case's warpers), and ``ctx.prompt_ids``.
+
+The harness calls the factory once per trial, so every trial is the first drafting round from the
+prompt, and calls ``get_candidates`` as ``_assisted_decoding`` does: with ``input_ids`` alone, or,
+for a generator with ``requires_model_outputs = True``, also with the target's ``model_kwargs``,
+its outputs over the prompt (hidden states included), ``is_first_iteration=False`` and
+``n_last_matches=0``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from lossless_check.core.errors import GeneratorFailure
+from lossless_check.subjects.adapters.base import (
+    DraftContext, FunctionSession, GeneratorAdapter, Prefills, first_round_after_prefill,
+)
+
+
+class FactoryAdapter(GeneratorAdapter):
+    """Drives whatever ``CandidateGenerator`` a user factory returns."""
+
+    name = "factory"
+    padded_drafter = True
+    #: A user's generator may or may not draft a batch of rows correctly: not assumed here.
+    batchable = False
+
+    def __init__(self, factory: Callable[[DraftContext], object]):
+        self.factory = factory
+
+    def installed_class(self) -> type | None:
+        return self.factory  # a factory needs nothing from the installed release to be tried
+
+    def session(self, ctx: DraftContext) -> FunctionSession:
+        from transformers.generation.candidate_generator import CandidateGenerator
+
+        prefills = Prefills(ctx.target)
+
+        def draft(input_ids):
+            generator = self.factory(ctx)
+            if not isinstance(generator, CandidateGenerator):
+                raise GeneratorFailure(f"the factory returned {type(generator).__name__}, not a CandidateGenerator")
+            if getattr(generator, "requires_model_outputs", False):
+                model_kwargs, outputs = prefills(input_ids)
+                return first_round_after_prefill(generator, input_ids, model_kwargs, outputs)
+            return generator.get_candidates(input_ids)
+
+        return FunctionSession(draft)
