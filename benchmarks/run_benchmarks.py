@@ -40,10 +40,12 @@ hf_logging.set_verbosity_error()
 
 from lossless_check.subjects.adapters import ADAPTERS, resolve_generator  # noqa: E402
 from lossless_check.faces.api import run_cases  # noqa: E402
-from lossless_check.faces.cli import DEFAULT_SAMPLES, samples_to_detect  # noqa: E402
+from lossless_check.faces.cli import DEFAULT_SAMPLES
+from lossless_check.modes.sample_size import samples_to_detect  # noqa: E402
 from lossless_check.laws.matrix import matrix  # noqa: E402
 from lossless_check.modes.step import StepCase  # noqa: E402
-from lossless_check.faces.mutation import MUTANTS, information_bound, installed, samples_needed  # noqa: E402
+from lossless_check.faces.mutant_catalog import MUTANTS
+from lossless_check.faces.mutation import information_bound, installed, samples_needed  # noqa: E402
 from lossless_check.evidence.results import Case  # noqa: E402
 from lossless_check.laws.scenarios import DEFAULT, SCENARIOS  # noqa: E402
 

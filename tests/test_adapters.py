@@ -17,7 +17,8 @@ from lossless_check.laws.expected import ExactLaws, first_token_law
 from lossless_check.faces.api import run_cases as run
 from lossless_check.modes.step import StepCase
 from lossless_check.evidence.results import Case
-from lossless_check.laws.scenarios import DEFAULT, IID, Scenario
+from lossless_check.laws.scenarios import DEFAULT, IID
+from lossless_check.laws.scenario import Scenario
 from lossless_check.stats import Stratum, law_test
 from lossless_check.laws.stubs import fixed_logits_lm
 from lossless_check.laws.tables import FixedLogits

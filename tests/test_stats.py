@@ -383,7 +383,7 @@ def test_exact_law_keeps_a_token_float32_keeps_at_an_epsilon_cutoff():
     from transformers import EpsilonLogitsWarper, LogitsProcessorList
 
     from lossless_check.laws.expected import ExactLaws
-    from lossless_check.laws.scenarios import Scenario
+    from lossless_check.laws.scenario import Scenario
     from lossless_check.laws.stubs import fixed_logits_lm
     from lossless_check.laws.tables import FixedLogits
 

@@ -10,7 +10,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from lossless_check.laws.scenarios import DEFAULT, Scenario
+from lossless_check.laws.scenarios import DEFAULT
+from lossless_check.laws.scenario import Scenario
 from lossless_check.stats import holm_correction
 from lossless_check.laws.warpers import format_warpers
 

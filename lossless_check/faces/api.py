@@ -145,7 +145,7 @@ def _work_estimate(case: Case, samples: int) -> float:
 def _check_processors(cases: list[Case]) -> None:
     """Build each distinct warper stack's processors once here, so that values ``generate()``
     refuses stop the run with a usage error before any work."""
-    from lossless_check.laws.scenarios import Scenario
+    from lossless_check.laws.scenario import Scenario
     from lossless_check.laws.stubs import fixed_logits_lm
     from lossless_check.laws.warpers import capture_processors, format_warpers
 

@@ -29,9 +29,12 @@ which law a draw is taken from is not seen by either check.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import numpy as np
 import torch
+
+from lossless_check.modes.replay import BatchMismatch
 
 #: Unforced batch-1 calls whose draws :func:`fresh_draws_evalue` tests, in a batched case's first chunk.
 FRESH_CALLS = 40
@@ -135,3 +138,14 @@ def fresh_draws_evalue(calls: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
     if not tokens:
         return 0.0
     return float(mixture_log_evalues(np.array(ids), np.array(tokens), laws)[-1])
+
+
+@contextmanager
+def watched_randomness():
+    """Raise :class:`~.replay.BatchMismatch` when the calls made inside seed, restore or privately
+    generate randomness (:class:`~.randomness.RandomnessWatch`): the replays would not see it."""
+    with RandomnessWatch() as watch:
+        yield
+    if watch.seen:
+        raise BatchMismatch(f"the generator {watch.seen[0]} during get_candidates: its batch-1 draws may not be "
+                            f"the fresh draws the forced replays stand for")

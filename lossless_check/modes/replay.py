@@ -47,10 +47,10 @@ import math
 import numpy as np
 import torch
 
-from lossless_check.running.chunks import chunk_sizes
 from lossless_check.core.errors import GeneratorFailure
 from lossless_check.evidence.results import POWER
 from lossless_check.modes.interception import NOISE, TOLERANCE, Interception, call_argument
+from lossless_check.running.chunks import chunk_sizes
 
 #: A batched case replays this share of its trials at batch 1 (at least :data:`MIN_REPLAYS`): 200 of
 #: 5,000, which adds ln(200) / 200 = 0.0265 to the case's ``tv_detectable`` (at the stage power 0.995). A replay costs about as
@@ -222,3 +222,12 @@ def _difference(r, n, ids, logits, log, ids1, logits1, replay, length) -> str | 
         if tv > TOLERANCE:
             return f"softmax(q) at draft position {j + 1} differs (TV {tv:.3g})"
     return None
+
+
+def impossible_drafts(candidate_ids: torch.Tensor, candidate_logits: torch.Tensor, lengths: list[int],
+                      prompt_length: int) -> np.ndarray:
+    """``(rows, gamma)``: which drafts their returned q gives probability 0 (within each row's length)."""
+    gamma = candidate_ids.shape[1] - prompt_length
+    # As _assisted_decoding: the verifier gets candidate_logits in the dtype returned.
+    q_of_drafts = torch.softmax(candidate_logits, dim=-1).gather(-1, candidate_ids[:, prompt_length:, None])[..., 0]
+    return (q_of_drafts == 0).numpy() & (np.arange(gamma) < np.asarray(lengths)[:, None])

@@ -33,12 +33,12 @@ import torch
 
 from lossless_check.core.compat import release_warpers
 from lossless_check.core.errors import PlainSamplingFails
-from lossless_check.laws.expected import processed
-from lossless_check.modes.loop_models import ASSISTED, PROMPT_LOOKUP, driving, installed_class
 from lossless_check.evidence.results import one_line
-from lossless_check.stats.betting import BettingState, PowerSimulation
+from lossless_check.laws.expected import processed
 from lossless_check.laws.warpers import capture_processors, format_warpers
+from lossless_check.modes.loop_models import ASSISTED, PROMPT_LOOKUP, driving, installed_class
 from lossless_check.modes.models.drafting import DraftingRecord, intercepting
+from lossless_check.stats.betting import BettingState, PowerSimulation
 
 #: Families a model pair drives: the assistant model itself, and prompt lookup (no drafter model).
 FAMILIES = (ASSISTED, PROMPT_LOOKUP)

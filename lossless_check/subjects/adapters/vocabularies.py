@@ -31,7 +31,7 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from lossless_check.core.errors import NotApplicable, UsageError
-from lossless_check.laws.scenarios import TOKENIZER_KINDS  # how a scenario's tokenizers give their vocabulary
+from lossless_check.laws.scenario import TOKENIZER_KINDS  # how a scenario's tokenizers give their vocabulary
 from lossless_check.laws.stubs import DENSE_WEIGHTS_MAX_VOCAB, FixedLogitsLM, RowSelectHead, fixed_logits_lm
 from lossless_check.laws.tables import FixedLogits
 
