@@ -9,7 +9,7 @@
   ``vacuous``, not ``lossless``).
 - :func:`logits_vectors`, :func:`logits_tables`, :func:`scenarios`: finite logits, optionally with
   some ``-inf`` entries but never a row of them, as vectors, :class:`~lossless_check.laws.tables.FixedLogits`
-  tables, or whole step-mode :class:`~lossless_check.laws.scenario.Scenario` objects.
+  tables, or whole step-mode :class:`~lossless_check.laws.scenarios.Scenario` objects.
 
 Banning processors (``no_repeat_ngram_size``, ``bad_words_ids``, ``suppress_tokens``, and
 ``min_new_tokens``, which bans EOS) could together mask every token of a row, a configuration
@@ -27,8 +27,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from lossless_check.laws.matrix import EOS, available_catalog
-from lossless_check.laws.scenarios import DEFAULT
-from lossless_check.laws.scenario import Scenario
+from lossless_check.laws.scenarios import DEFAULT, Scenario
 from lossless_check.laws.tables import FixedLogits
 
 #: Options that come with a catalog entry but are not warpers themselves (the EOS they act on).

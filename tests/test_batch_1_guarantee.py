@@ -14,15 +14,15 @@ from scipy.stats import binomtest
 
 import lossless_check as lc
 from fixtures.mutants.batch_1_only import TRANSFORMS, batch_1_only, substituted
-from lossless_check.subjects.adapters import resolve_generator
+from fixtures.releases import DFLASH, lossless_builtins, needs
+from lossless_check.evidence.results import Case
 from lossless_check.faces.api import cases_for, run_cases
 from lossless_check.laws.expected import first_token_law
-from lossless_check.modes import replay, step
+from lossless_check.laws.scenarios import IID
+from lossless_check.modes import replay, step, step_run
 from lossless_check.modes.batching import STAGE_POWER
 from lossless_check.modes.step import StepCase
-from lossless_check.evidence.results import Case
-from lossless_check.laws.scenarios import IID
-from fixtures.releases import DFLASH, lossless_builtins, needs
+from lossless_check.subjects.adapters import resolve_generator
 
 WARPERS = "top_k=3"
 
@@ -130,7 +130,8 @@ def test_the_power_check_fails_when_replays_shrink_but_the_claim_does_not(monkey
     """Negative control: one replay a case, while ``tv_detectable`` still claims what the full share
     of replays proves (the batch-1 arm shrunk back, the claim kept)."""
     claimed = replay.replay_detectable_tv(replay.total_replays(1000), STAGE_POWER)
-    monkeypatch.setattr(step, "replays_per_chunk", lambda samples: [1] + [0] * 8)
+    for module in (step, step_run):  # StepRun takes the replays of a chunk, StepCase.collect those of a call
+        monkeypatch.setattr(module, "replays_per_chunk", lambda samples: [1] + [0] * 8)
     monkeypatch.setattr(step, "replay_detectable_tv", lambda replays, power: claimed)
     flagged, _ = detection_count("DFlashTokenCandidateGenerator", POWER_RUNS)
     assert POWER_RUNS - flagged > ALLOWED_MISSES, flagged

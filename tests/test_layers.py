@@ -89,6 +89,23 @@ def test_an_upward_import_and_a_cycle_are_caught(tmp_path):
     assert any({"lossless_check.running.chunks", "lossless_check.running.scheduler"} <= set(c) for c in cycles)
 
 
+def test_every_import_of_the_package_names_something_that_exists():
+    """Function-level imports run only when called: a moved name must not wait for a run to fail."""
+    import ast
+    import importlib
+
+    missing = []
+    for path in sorted((ROOT / PACKAGE).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith(PACKAGE):
+                module = importlib.import_module(node.module)
+                for alias in node.names:
+                    if not hasattr(module, alias.name) and importlib.util.find_spec(
+                            f"{node.module}.{alias.name}") is None:
+                        missing.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.module}.{alias.name}")
+    assert missing == []
+
+
 def test_every_layer_says_what_it_is_for_and_what_it_may_import():
     for init in sorted((ROOT / PACKAGE).glob("*/__init__.py")):
         doc = init.read_text().split('"""')[1]

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from lossless_check.core.errors import PlainSamplingFails
-from lossless_check.laws.scenario import Scenario
+from lossless_check.laws.scenarios import Scenario
 from lossless_check.laws.tables import FixedLogits
 from lossless_check.stats import AcceptanceLaw
 

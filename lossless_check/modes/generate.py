@@ -305,7 +305,7 @@ def run_generate_case(case: Case, samples: int, seed: int, alpha_case: float, se
                       timeout: float = 600.0, store=None) -> CaseResult:
     """Run and analyse one case through the real ``generate()`` loop (``case.max_new_tokens`` tokens a call).
 
-    ``case.scenario`` is a fixed-logits :class:`~lossless_check.laws.scenario.Scenario` or a
+    ``case.scenario`` is a fixed-logits :class:`~lossless_check.laws.scenarios.Scenario` or a
     :class:`TinyLlamaScenario`; ``case.warpers`` are ``GenerationConfig`` keywords (``eos_token_id``
     among them for EOS cases). Every built-in family runs, picked by ``generate()`` itself (see
     :mod:`.loop_models` for how), and any subclass of one (built where ``generate()`` builds its

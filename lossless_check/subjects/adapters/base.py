@@ -7,7 +7,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from lossless_check.laws.scenario import Scenario
+from lossless_check.laws.scenarios import Scenario
 from lossless_check.laws.stubs import FixedLogitsLM, fixed_logits_lm
 
 

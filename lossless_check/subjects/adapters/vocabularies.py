@@ -27,11 +27,10 @@ import functools
 
 import numpy as np
 import torch
-
 from transformers import PreTrainedTokenizerFast
 
 from lossless_check.core.errors import NotApplicable, UsageError
-from lossless_check.laws.scenario import TOKENIZER_KINDS  # how a scenario's tokenizers give their vocabulary
+from lossless_check.laws.scenarios import TOKENIZER_KINDS  # how a scenario's tokenizers give their vocabulary
 from lossless_check.laws.stubs import DENSE_WEIGHTS_MAX_VOCAB, FixedLogitsLM, RowSelectHead, fixed_logits_lm
 from lossless_check.laws.tables import FixedLogits
 
