@@ -36,7 +36,7 @@ from ..errors import PlainSamplingFails
 from ..expected import processed
 from ..modes.loop_models import ASSISTED, PROMPT_LOOKUP, driving, installed_class
 from ..results import one_line
-from ..stats.betting import BettingState, PowerSimulation
+from ..stats.betting import BettingState, PowerSimulation, log_factors
 from ..warpers import capture_processors, format_warpers
 from .drafting import DraftingRecord, intercepting
 
@@ -105,87 +105,153 @@ def _quantiles(values: list[float]) -> dict:
     return {"median": float(np.median(values)), "p95": float(np.quantile(values, 0.95)), "positions": len(values)}
 
 
-def _routing(family: str, target, assistant, generator_class, config) -> tuple[object, dict]:
+def _routing(family: str, target, assistant, generator_class) -> tuple[object, dict]:
     """The target (the class under test wired in where generate() builds its family) and generate() kwargs."""
-    kwargs = {"assistant_model": assistant}
-    if family == PROMPT_LOOKUP:
-        kwargs = {}
-        config.prompt_lookup_num_tokens = PROMPT_LOOKUP_TOKENS
+    kwargs = {} if family == PROMPT_LOOKUP else {"assistant_model": assistant}
     base = installed_class(family)
     if generator_class is not base:
         target = driving(copy.copy(target), generator_class, base)  # a shallow copy: the user's model is untouched
     return target, kwargs
 
 
-def check_row(target, assistant, resolved, stack: dict, prompts: list[list[int]], max_new_tokens: int, samples: int,
-              alpha: float, seed: int) -> PairRow:
-    """Run the three checks of one generator (a :class:`~lossless_check.adapters.ResolvedGenerator`) under
-    ``stack``; ``samples`` is the most sampling ``generate()`` calls (cycling through ``prompts``), ``alpha``
-    the statistical test's share of the family-wise rate."""
+@dataclass(frozen=True)
+class RowSettings:
+    """Everything one sampling ``generate()`` call of a row depends on (picklable: a task of the engine)."""
+
+    target: str
+    assistant: str
+    device: str
+    generator: str  # the spec resolve_generator takes
+    stack: tuple  # the warper stack's items
+    prompts: tuple
+    max_new_tokens: int
+    seed: int
+
+
+@dataclass
+class CallObservation:
+    """What one sampling call gave: per emitted token its bet's log factors (``None``: outside the
+    target's support) and its power-simulation step, its TV figures, and the call's drafting record."""
+
+    record: DraftingRecord
+    factors: list = field(default_factory=list)
+    power_steps: list = field(default_factory=list)
+    tv_pq: list = field(default_factory=list)
+    bug_tv: list = field(default_factory=list)
+    error: str = ""  # generate() raised
+    skipped: str = ""  # plain sampling itself fails under the stack
+
+
+#: ``(settings, prompt length) -> processors``, per process: capture_processors builds a model from the config.
+_PROCESSORS: dict = {}
+
+
+def observe_call(settings: RowSettings, call: int) -> CallObservation:
+    """Sampling call ``call`` of a row: a function of ``settings`` and ``call`` alone (its torch seed is
+    ``seed * 1_000_003 + call``, its power stream ``default_rng([seed, 7, call])``), so it gives the same
+    data in an engine worker as here."""
     from transformers import GenerationConfig
 
-    started = time.perf_counter()
-    family = resolved.adapter.name
-    row = PairRow(resolved.display_name, format_warpers(stack))
-    if resolved.generator_class is None:
-        row.verdict, row.reason = "skipped", f"{family} is not in the installed transformers"
-        return row
+    from ..adapters import resolve_generator
+    from .loading import load_pair
+
+    target, assistant = load_pair(settings.target, settings.assistant, settings.device)
+    resolved = resolve_generator(settings.generator)
+    family, stack = resolved.adapter.name, dict(settings.stack)
     device = next(target.parameters()).device
-    processors_by_length: dict[int, object] = {}
-
-    def processors_for(length: int):
-        if length not in processors_by_length:
-            probe_prompt = torch.zeros((1, length), dtype=torch.long)
-            processors_by_length[length] = capture_processors(target, probe_prompt, stack, max_new_tokens)[0]
-        return processors_by_length[length]
-
-    config = GenerationConfig(do_sample=True, max_new_tokens=max_new_tokens, **release_warpers(stack))
-    routed, kwargs = _routing(family, target, assistant, resolved.generator_class, config)
+    config = GenerationConfig(do_sample=True, max_new_tokens=settings.max_new_tokens, **release_warpers(stack))
+    if family == PROMPT_LOOKUP:
+        config.prompt_lookup_num_tokens = PROMPT_LOOKUP_TOKENS
+    routed, kwargs = _routing(family, target, assistant, resolved.generator_class)
     vocab = (assistant if family == ASSISTED else target).get_output_embeddings().weight.shape[0]
+    observed = CallObservation(DraftingRecord())
+    watched = intercepting(routed, vocab, observed.record)
+    prompt = list(settings.prompts[call % len(settings.prompts)])
+    key = (settings.target, settings.device, format_warpers(stack), settings.max_new_tokens, len(prompt))
+    with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device]), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        torch.manual_seed(settings.seed * 1_000_003 + call)
+        ids = torch.tensor([prompt], dtype=torch.long, device=device)
+        try:
+            with torch.no_grad():
+                full = watched.generate(ids, generation_config=config, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - the generator under test (or the loop) failed
+            observed.error = f"generate() raised {one_line(exc)}"
+            return observed
+        try:
+            if key not in _PROCESSORS:
+                probe = torch.zeros((1, len(prompt)), dtype=torch.long)
+                _PROCESSORS[key] = capture_processors(target, probe, stack, settings.max_new_tokens)[0]
+            p_laws, _ = _Laws(target, _PROCESSORS[key])(full, len(prompt))
+            q_laws, q_raw = _Laws(assistant, _PROCESSORS[key])(full, len(prompt))
+        except PlainSamplingFails as exc:  # the installed processors themselves fail on a history
+            observed.skipped = str(exc)
+            return observed
+    rng = np.random.default_rng([settings.seed, 7, call])
+    for x, p, q, qc in zip(full[0, len(prompt):].tolist(), p_laws, q_laws, q_raw):
+        aimed = raw_logits_law(p, q, qc)
+        observed.factors.append(log_factors(p, q, np.array([x]), aimed)[0] if p[x] > 0.0 else None)
+        observed.power_steps.append(PowerSimulation.step(p, q, aimed, rng))
+        observed.bug_tv.append(0.5 * float(np.abs(aimed - p).sum()))
+        observed.tv_pq.append(0.5 * float(np.abs(p - q).sum()))
+    return observed
+
+
+def check_row(engine, settings: RowSettings, resolved, samples: int, alpha: float) -> PairRow:
+    """Run the three checks of one generator (a :class:`~lossless_check.adapters.ResolvedGenerator`) under
+    the stack of ``settings``; ``samples`` is the most sampling ``generate()`` calls (cycling through the
+    prompts), ``alpha`` the statistical test's share of the family-wise rate.
+
+    The calls run on ``engine`` (:class:`~lossless_check.engine.Engine`), a wave of two per worker at a
+    time, and are folded here in call order, stopping after the call where the test stops: the bet is
+    the same whatever the number of workers (calls past the stop are discarded), so is the report.
+    """
+    started = time.perf_counter()
+    row = PairRow(resolved.display_name, format_warpers(dict(settings.stack)))
+    if resolved.generator_class is None:
+        row.verdict, row.reason = "skipped", f"{resolved.adapter.name} is not in the installed transformers"
+        return row
     record = DraftingRecord()
-    watched = intercepting(routed, vocab, record)
     bet = BettingState.start()
-    power = PowerSimulation(alpha, seed)
+    power = PowerSimulation(alpha)
     bug_tv: list[float] = []
     tv_pq: list[float] = []
-    try:
-        with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device]), warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            for i in range(samples):
-                torch.manual_seed(seed * 1_000_003 + i)
-                prompt = prompts[i % len(prompts)]
-                ids = torch.tensor([prompt], dtype=torch.long, device=device)
-                try:
-                    with torch.no_grad():
-                        full = watched.generate(ids, generation_config=copy.deepcopy(config), **kwargs)
-                except Exception as exc:  # noqa: BLE001 - the generator under test (or the loop) failed
-                    row.verdict, row.reason = "error", f"generate() raised {one_line(exc)}"
-                    row.exact = record.to_dict()
-                    return row
-                processors = processors_for(len(prompt))
-                p_laws, _ = _Laws(target, processors)(full, len(prompt))
-                q_laws, q_raw = _Laws(assistant, processors)(full, len(prompt))
-                emitted = full[0, len(prompt):].tolist()
-                for x, p, q, qc in zip(emitted, p_laws, q_laws, q_raw):
-                    aimed = raw_logits_law(p, q, qc)
-                    bet.update(p, q, aimed, x, alpha)
-                    power.observe(p, q, aimed)
-                    bug_tv.append(0.5 * float(np.abs(aimed - p).sum()))
-                    tv_pq.append(0.5 * float(np.abs(p - q).sum()))
-                if bet.rejected_at is not None or bet.support_violations:
-                    break
-    except PlainSamplingFails as exc:  # the installed processors themselves fail on a history
-        row.verdict, row.reason = "skipped", str(exc)
-        return row
+    wave = 1 if engine.workers <= 1 else 2 * engine.workers
+    calls, stopped = 0, False
+    while calls < samples and not stopped:
+        batch = range(calls, min(samples, calls + wave))
+        for observed in engine.map(observe_call, [(settings, i) for i in batch]):
+            calls += 1
+            record.merge(observed.record, calls)
+            if observed.error:
+                row.verdict, row.reason, row.exact = "error", observed.error, record.to_dict()
+                return row
+            if observed.skipped:
+                row.verdict, row.reason = "skipped", observed.skipped
+                return row
+            for factors, step in zip(observed.factors, observed.power_steps):
+                bet.add(factors, alpha)
+                power.add(*step)
+            bug_tv += observed.bug_tv
+            tv_pq += observed.tv_pq
+            if bet.rejected_at is not None or bet.support_violations:
+                stopped = True
+                break
     row.exact = record.to_dict()
     row.statistical = {
         "test": "betting e-process toward q (anytime-valid, Ville)", "alpha": alpha, "tokens": bet.tokens,
-        "calls": i + 1, "log_evalue": bet.log_evalue, "max_log_evalue": bet.max_log_evalue,
+        "calls": calls, "log_evalue": bet.log_evalue, "max_log_evalue": bet.max_log_evalue,
         "rejected_at_token": bet.rejected_at, "support_violations": bet.support_violations,
         "tv_target_drafter": _quantiles(tv_pq), "tv_raw_logits_bug_first_position": _quantiles(bug_tv),
         "power": power.summary(),
     }
-    row.greedy = greedy_equivalence(routed, kwargs, stack, prompts[:GREEDY_PROMPTS], max_new_tokens, family)
+    from .loading import load_pair
+
+    target, assistant = load_pair(settings.target, settings.assistant, settings.device)
+    routed, kwargs = _routing(resolved.adapter.name, target, assistant, resolved.generator_class)
+    row.greedy = greedy_equivalence(routed, kwargs, dict(settings.stack),
+                                    [list(p) for p in settings.prompts[:GREEDY_PROMPTS]], settings.max_new_tokens,
+                                    resolved.adapter.name)
     _decide(row, record, bet)
     row.seconds = time.perf_counter() - started
     return row
