@@ -1,40 +1,19 @@
-"""``lossless-check models`` on seeded random-initialised checkpoints saved with ``save_pretrained``.
+"""``lossless-check models`` on seeded random-initialised checkpoints saved with ``save_pretrained``
+(:mod:`fixtures.model_pair`)."""
 
-The pair: a 2-layer Llama target (V = 49,152, hidden 32) and, as its assistant, the same weights plus
-Gaussian noise of scale 0.01 (drafter/target per-position TV: median about 0.24 under top_k=50).
-"""
-
-import copy
 import json
 
 import pytest
-import torch
 
+from fixtures.model_pair import save_pair
 from lossless_check.cli import EXIT_NOT_LOSSLESS, EXIT_OK, EXIT_USAGE, main
 
-VOCAB = 49_152
 MUTANT = "fixtures.mutants.assisted_raw_logits:AssistedReturnsRawLogits"
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    folder = tmp_path_factory.mktemp("pair")
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
-                         initializer_range=0.5, tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
-                         pad_token_id=None)
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        target = LlamaForCausalLM(config).eval()
-        assistant = copy.deepcopy(target)
-        with torch.no_grad():
-            for weight in assistant.parameters():
-                weight.add_(0.01 * torch.randn_like(weight))
-    target.save_pretrained(folder / "target")
-    assistant.save_pretrained(folder / "assistant")
-    return str(folder / "target"), str(folder / "assistant")
+    return save_pair(tmp_path_factory.mktemp("pair"))
 
 
 def _run(pair, tmp_path, *extra):
