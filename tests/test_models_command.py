@@ -132,3 +132,21 @@ def test_null_runs_at_a_loose_alpha_do_not_reject(pair):
         result = lc.check_models(pair[0], pair[1], ["AssistedCandidateGenerator"], warpers="top_k=50", samples=8,
                                  alpha=0.05, seed=seed)
         assert result.rows[0].verdict == "lossless", result.rows[0].reason
+
+
+def _without_timings(report):
+    return {**report, "cases": [{k: v for k, v in c.items() if k != "seconds"} for c in report["cases"]]}
+
+
+def test_workers_give_the_same_report(pair, tmp_path):
+    """Calls spread over 2 worker processes, folded in call order: the same report as 1 worker, for a row
+    that runs all its calls and for one the bet stops early (the raw-logits mutant at alpha 0.05),
+    where calls computed past the stop are discarded."""
+    args = ("--generator", "AssistedCandidateGenerator", "--generator", MUTANT, "--samples", "10",
+            "--max-new-tokens", "16", "--alpha", "0.05")
+    serial = _run(pair, tmp_path, *args)
+    parallel = _run(pair, tmp_path, *args, "--workers", "2")
+    assert serial[0] == parallel[0] == EXIT_NOT_LOSSLESS
+    assert _without_timings(parallel[1]) == _without_timings(serial[1])
+    builtin, mutant = serial[1]["cases"]
+    assert builtin["statistical"]["calls"] == 10 and mutant["statistical"]["calls"] < 10
