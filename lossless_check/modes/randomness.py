@@ -1,7 +1,7 @@
 """Where a batched case's draws come from: randomness the batch-1 replays cannot see.
 
 A replay (:mod:`.replay`) forces every vocabulary-wide ``torch.multinomial`` of a batch-1 call to
-the token the batched call drew for that row, and so proves what a batch-1 call returns *given*
+the token the batched call drew for that row (and its vocabulary-wide noise to the row's), and so proves what a batch-1 call returns *given*
 those draws. That speaks for the real loop only if a real batch-1 call's draws are fresh draws,
 from torch's global stream, from the laws the generator hands the sampler: a generator that seeds,
 restores or privately generates its randomness during a call (``torch.manual_seed``, a re-seeded
