@@ -23,7 +23,10 @@ only moves it to batch 1, where the real loop's own behaviour is tested):
 
 What remains assumed: that a generator whose calls pass both is drawing, at batch 1, as the batched
 rows' forced replays do: e.g. randomness from outside torch (``random``, ``numpy``) that only changes
-which law a draw is taken from is not seen by either check.
+which law a draw is taken from is not seen by either check. A sampler that draws by noise (Gumbel-max,
+an exponential race) makes no ``torch.multinomial`` draw for the e-value to test: that its noise is
+fresh rests on :class:`RandomnessWatch` alone (noise reused across calls, e.g. kept from an earlier
+call, is seen by neither check).
 """
 
 from __future__ import annotations
