@@ -111,6 +111,9 @@ def test_a_gumbel_max_sampler_stays_batched_its_noise_forced_row_by_row():
     bug = check("GumbelDFlashBatch1Bug")
     assert bug.batch["batch_size"] == 1 and bug.batch["note"].startswith("batch 1: row "), bug.batch
     assert bug.verdict == "not_lossless", bug.reason
+    same = check("GumbelDFlashReseeded")  # the same noise in every call: the unforced calls see it repeat
+    assert same.batch["batch_size"] == 1 and "same vocabulary-wide noise" in same.batch["note"], same.batch
+    assert same.verdict == "not_lossless", same.reason
 
 
 #: Seeded runs of the power check, and the misses it allows: if the power at the reported

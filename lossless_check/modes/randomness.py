@@ -24,9 +24,9 @@ only moves it to batch 1, where the real loop's own behaviour is tested):
 What remains assumed: that a generator whose calls pass both is drawing, at batch 1, as the batched
 rows' forced replays do: e.g. randomness from outside torch (``random``, ``numpy``) that only changes
 which law a draw is taken from is not seen by either check. A sampler that draws by noise (Gumbel-max,
-an exponential race) makes no ``torch.multinomial`` draw for the e-value to test: that its noise is
-fresh rests on :class:`RandomnessWatch` alone (noise reused across calls, e.g. kept from an earlier
-call, is seen by neither check).
+an exponential race) makes no ``torch.multinomial`` draw for the e-value to test: for it, beside
+:class:`RandomnessWatch`, the unforced calls' noise tensors must all differ (:func:`repeated_noise`:
+noise reused across calls); that it is otherwise fresh (e.g. not a function of the prompt) is assumed.
 """
 
 from __future__ import annotations
@@ -152,3 +152,16 @@ def watched_randomness():
     if watch.seen:
         raise BatchMismatch(f"the generator {watch.seen[0]} during get_candidates: its batch-1 draws may not be "
                             f"the fresh draws the forced replays stand for")
+
+
+def repeated_noise(noise: list[torch.Tensor]) -> bool:
+    """Whether two of the vocabulary-wide noise tensors of unforced calls are equal: fresh noise of ``V``
+    continuous draws a tensor repeats with probability far below any level used here (two float32
+    exponential draws coincide with probability about ``2**-23``; a tensor holds at least 8)."""
+    seen: set[bytes] = set()
+    for tensor in noise:
+        key = tensor.numpy().tobytes() + str(tuple(tensor.shape)).encode()
+        if key in seen:
+            return True
+        seen.add(key)
+    return False

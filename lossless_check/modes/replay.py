@@ -82,7 +82,8 @@ class SamplerLog(Interception):
 
     With ``force``, call ``i`` of a one-row, one-token draw returns ``force[i]`` instead of what it
     drew (the original sampler still runs first, so the random stream advances as it would). With
-    ``keep``, :attr:`noise` holds the ``keep`` rows (dimension 0) of each vocabulary-wide noise tensor;
+    ``keep``, :attr:`noise` holds the ``keep`` rows (dimension 0) of each vocabulary-wide noise tensor
+    (without, each one-row tensor whole);
     with ``force_noise``, the ``i``-th noise tensor, of shape ``(1, *force_noise[i].shape)``, is
     overwritten with ``force_noise[i]`` (in place, after the original drew, as for tokens), and
     :attr:`unforced_noise` says whether some noise could not be forced.
@@ -93,7 +94,7 @@ class SamplerLog(Interception):
         super().__init__(vocab_size)
         self.force = force
         self.force_noise = force_noise
-        #: Per noise tensor: its ``keep`` rows, or ``None`` where it has too few rows (or ``keep`` is unset).
+        #: Per noise tensor: its ``keep`` rows (or itself, one row, without ``keep``), else ``None``.
         self.noise: list[torch.Tensor | None] = []
         self.unforced_noise = False
         #: Rows whose probabilities are kept (default all): the replays compare only the rows they
@@ -126,8 +127,9 @@ class SamplerLog(Interception):
         if not out.dim() or out.shape[-1] != self.vocab_size:
             return
         i = len(self.noise)
-        rows = self.keep is not None and out.dim() > 1 and max(self.keep, default=-1) < out.shape[0]
-        self.noise.append(out.detach()[self.keep].clone() if rows else None)
+        keep = self.keep if self.keep is not None else [0] if out.dim() > 1 and out.shape[0] == 1 else None
+        rows = keep is not None and out.dim() > 1 and max(keep, default=-1) < out.shape[0]
+        self.noise.append(out.detach()[keep].clone() if rows else None)
         if self.force_noise is None:
             return
         forced = self.force_noise[i] if i < len(self.force_noise) else None

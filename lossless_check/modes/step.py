@@ -33,7 +33,7 @@ from lossless_check.laws.stubs import fixed_logits_lm
 from lossless_check.laws.warpers import capture_processors
 from lossless_check.modes.batching import BATCH_SIZE, STAGE_POWER, decide_batching, draft_lengths, family_flag
 from lossless_check.modes.observations import Observations, widen
-from lossless_check.modes.randomness import FRESH_LEVEL, fresh_draws_evalue, watched_randomness
+from lossless_check.modes.randomness import FRESH_LEVEL, fresh_draws_evalue, repeated_noise, watched_randomness
 from lossless_check.modes.replay import (
     BatchMismatch, SamplerLog, confirm_impossible, impossible_drafts, replay_detectable_tv, replay_rows,
     replays_per_chunk,
@@ -260,7 +260,7 @@ class StepCase:
         fresh draws from the laws they were given (:func:`~.randomness.fresh_draws_evalue`)."""
         if calls <= 0:
             return
-        draws = []
+        draws, noise = [], []
         with watched_randomness():
             for _ in range(calls):
                 with SamplerLog(self.case.scenario.vocab_size) as log:
@@ -269,6 +269,10 @@ class StepCase:
                     except GeneratorFailure as exc:
                         raise BatchMismatch(f"an unforced batch-1 call raised ({exc})") from exc
                 draws += log.calls
+                noise += [n for n in log.noise if n is not None]
+        if repeated_noise(noise):
+            raise BatchMismatch(f"{calls} unforced batch-1 calls drew the same vocabulary-wide noise twice: it is not "
+                                f"the fresh noise the forced replays stand for")
         log_e = fresh_draws_evalue(draws)
         if log_e >= math.log(1.0 / FRESH_LEVEL):
             raise BatchMismatch(f"the draws of {calls} unforced batch-1 calls are not fresh draws from the laws "
