@@ -96,6 +96,26 @@ def test_greedy_drafts_at_batch_1_only_are_caught():
     assert result.verdict == "not_lossless", result.reason
 
 
+@needs(DFLASH)
+def test_a_gumbel_max_sampler_stays_batched_its_noise_forced_row_by_row():
+    """Gumbel-max drafts (``fixtures/samplers.py``): each replay forces its noise to the row's, so an
+    honest sampler keeps batched speed and passes, and one wrong at batch 1 only (its negative
+    control) is seen by the replays, runs at batch 1 and is flagged."""
+    def check(name: str):
+        case = Case(resolve_generator(f"fixtures.samplers:{name}"), {"top_k": 3}, scenario=IID)
+        return run_cases([case], 2000, 1e-6, 0).cases[0]
+
+    honest = check("GumbelDFlash")
+    assert honest.verdict == "lossless" and honest.batch["batch_size"] > 1, (honest.reason, honest.batch)
+    assert honest.batch["replays"] == replay.total_replays(2000)
+    bug = check("GumbelDFlashBatch1Bug")
+    assert bug.batch["batch_size"] == 1 and bug.batch["note"].startswith("batch 1: row "), bug.batch
+    assert bug.verdict == "not_lossless", bug.reason
+    same = check("GumbelDFlashReseeded")  # the same noise in every call: the unforced calls see it repeat
+    assert same.batch["batch_size"] == 1 and "same vocabulary-wide noise" in same.batch["note"], same.batch
+    assert same.verdict == "not_lossless", same.reason
+
+
 #: Seeded runs of the power check, and the misses it allows: if the power at the reported
 #: ``tv_detectable`` were only 0.99, P(misses > 2 of 30) = 0.0033, this check's false-failure rate;
 #: against a power of 0.5 (the overclaiming variant below), it fails with probability 1 - 5e-7.

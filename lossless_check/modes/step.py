@@ -33,7 +33,7 @@ from lossless_check.laws.stubs import fixed_logits_lm
 from lossless_check.laws.warpers import capture_processors
 from lossless_check.modes.batching import BATCH_SIZE, STAGE_POWER, decide_batching, draft_lengths, family_flag
 from lossless_check.modes.observations import Observations, widen
-from lossless_check.modes.randomness import FRESH_LEVEL, fresh_draws_evalue, watched_randomness
+from lossless_check.modes.randomness import FRESH_LEVEL, fresh_draws_evalue, repeated_noise, watched_randomness
 from lossless_check.modes.replay import (
     BatchMismatch, SamplerLog, confirm_impossible, impossible_drafts, replay_detectable_tv, replay_rows,
     replays_per_chunk,
@@ -193,11 +193,11 @@ class StepCase:
         with torch.no_grad():
             while t < samples:
                 rows = min(batch_size, samples - t)
-                candidate_ids, candidate_logits, lengths = self.draft_rows(rows, replayed[t : t + rows])
+                candidate_ids, candidate_logits, lengths, zero_q = self.draft_rows(rows, replayed[t : t + rows])
                 gamma = candidate_ids.shape[1] - length
                 if gamma + 1 > emitted.shape[1]:
                     emitted = widen(emitted, gamma + 1)
-                impossible[t : t + rows] = impossible_drafts(candidate_ids, candidate_logits, lengths, length).sum(axis=1)
+                impossible[t : t + rows] = zero_q.sum(axis=1)
                 drafts[t : t + rows] = lengths
                 for r in range(rows):
                     g = lengths[r]
@@ -229,13 +229,16 @@ class StepCase:
             end = start + first
             raise plain_sampling_fails(candidates[0, :end].tolist(), UNSAMPLEABLE) from None
 
-    def draft_rows(self, rows: int, replay: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    def draft_rows(self, rows: int, replay: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, list[int], np.ndarray]:
         """One call on ``rows`` rows (``candidate_ids``, ``candidate_logits``, each row's draft
-        length), its rows where ``replay`` is set replayed at batch 1 first."""
+        length, its :func:`impossible_drafts`), its rows where ``replay`` is set replayed at batch 1 first."""
+        length = self.prompt_ids.shape[1]
         if rows == 1:
             candidate_ids, candidate_logits = self.draft(1)
-            return candidate_ids, candidate_logits, [candidate_ids.shape[1] - self.prompt_ids.shape[1]]
-        length, vocab = self.prompt_ids.shape[1], self.case.scenario.vocab_size
+            lengths = [candidate_ids.shape[1] - length]
+            return candidate_ids, candidate_logits, lengths, impossible_drafts(candidate_ids, candidate_logits,
+                                                                               lengths, length)
+        vocab = self.case.scenario.vocab_size
         with watched_randomness():
             try:
                 with SamplerLog(vocab, keep=np.flatnonzero(replay).tolist()) as log:
@@ -247,16 +250,17 @@ class StepCase:
             lengths = draft_lengths(candidate_ids[:, length:], self.eos, self.stops_at_eos)
             replay_rows(self.draft, candidate_ids, candidate_logits, log, lengths, np.flatnonzero(replay).tolist(),
                         length, vocab)
-            impossible = np.flatnonzero(impossible_drafts(candidate_ids, candidate_logits, lengths, length).sum(1))
-            confirm_impossible(self.draft, candidate_ids, log, lengths, impossible.tolist(), length, vocab)
-        return candidate_ids, candidate_logits, lengths
+            zero_q = impossible_drafts(candidate_ids, candidate_logits, lengths, length)
+            confirm_impossible(self.draft, candidate_ids, log, lengths, np.flatnonzero(zero_q.sum(1)).tolist(), length,
+                               vocab)
+        return candidate_ids, candidate_logits, lengths, zero_q
 
     def check_fresh_draws(self, calls: int) -> None:
         """``calls`` unforced batch-1 calls; raise :class:`~.replay.BatchMismatch` if their draws are not
         fresh draws from the laws they were given (:func:`~.randomness.fresh_draws_evalue`)."""
         if calls <= 0:
             return
-        draws = []
+        draws, noise = [], []
         with watched_randomness():
             for _ in range(calls):
                 with SamplerLog(self.case.scenario.vocab_size) as log:
@@ -265,6 +269,10 @@ class StepCase:
                     except GeneratorFailure as exc:
                         raise BatchMismatch(f"an unforced batch-1 call raised ({exc})") from exc
                 draws += log.calls
+                noise += [n for n in log.noise if n is not None]
+        if repeated_noise(noise):
+            raise BatchMismatch(f"{calls} unforced batch-1 calls drew the same vocabulary-wide noise twice: it is not "
+                                f"the fresh noise the forced replays stand for")
         log_e = fresh_draws_evalue(draws)
         if log_e >= math.log(1.0 / FRESH_LEVEL):
             raise BatchMismatch(f"the draws of {calls} unforced batch-1 calls are not fresh draws from the laws "
