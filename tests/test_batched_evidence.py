@@ -144,3 +144,66 @@ def test_the_attribution_level_covers_k_rounds_a_trial():
     worst = alpha / (1 - RATE) ** (k * n)
     assert kept_level(alpha, n, k) >= worst
     assert kept_level(alpha, n, 1) < worst  # the old statement, alpha (1 - 2^-24)^-n, falls short
+
+
+# -- the per-position figure past position 1 (batch-1 cases) -----------------------------------------
+
+#: Seeded runs of the position-2 power check, and the misses it allows: were the power at the stated
+#: figure only 0.99, P(misses > 2 of 30) = 0.0033, this check's false-failure rate.
+POSITION_2_RUNS, POSITION_2_MISSES, POSITION_2_SAMPLES = 30, 2, 300
+
+
+def position_2_scenario():
+    """The target's law at every position; the drafter's the same at position 1 (so every draft 1 is
+    accepted: position 2 is reached in every trial, one stratum, and its stated figure is the same in
+    every run of a given size), and at position 2 the target's with the second most likely token's mass
+    moved elsewhere by renormalising: a direction the likelihood ratio sees no better than the L1 test."""
+    from lossless_check.scenarios import _BASE, Scenario
+    from lossless_check.tables import FixedLogits
+
+    second = _BASE.copy()
+    second[np.argsort(_BASE)[-2]] = -np.inf
+    return Scenario(name="position-2-control", target=FixedLogits.iid(_BASE),
+                    drafter=FixedLogits.per_position([_BASE, second, _BASE, _BASE]), prompt=(3, 1, 4), gamma=3)
+
+
+def position_2_misses(tv: float, scenario) -> int:
+    """Misses among :data:`POSITION_2_RUNS` seeded batch-1 runs of a generator whose position-2 law sits at
+    TV ``tv`` from the target's, counted until the check's verdict is known (more than the allowed)."""
+    from fixtures.mutants.batch_1_only import substituted
+    from fixtures.mutants.position_2_share import wrong_second_q
+    from lossless_check.adapters import resolve_generator
+    from lossless_check.results import Case
+
+    name = "AssistedCandidateGenerator"
+    laws = StepCase(Case(resolve_generator(name), {}, "step", scenario)).laws
+    # Every second draft accepted: position 2 is drafted from the drafter's law there.
+    full = 0.5 * float(np.abs(laws.drafter((0,)) - laws.target((0,))).sum())
+    assert 0 < tv <= full, (tv, full)
+    misses = 0
+    with substituted(name, wrong_second_q(tv / full)):
+        case = Case(resolve_generator(name), {}, "step", scenario)
+        for seed in range(POSITION_2_RUNS):
+            result = run_cases([case], POSITION_2_SAMPLES, 1e-6, seed, batch_size=1).cases[0]
+            misses += result.verdict != "not_lossless"
+            if misses > POSITION_2_MISSES:
+                break
+    return misses
+
+
+@pytest.mark.slow
+def test_a_bug_at_the_stated_position_2_figure_of_a_batch_1_case_is_caught_and_a_shrunk_figure_is_not():
+    """A batch-1 case states ``tv_detectable`` at position 2 from the trials that reached it; a generator
+    whose position-2 law sits exactly at that figure is caught at the stated power (30 runs). Negative
+    control: the same check at half the figure fails (measured: 2 of 10 runs caught there)."""
+    from lossless_check.adapters import resolve_generator
+    from lossless_check.results import Case
+
+    scenario = position_2_scenario()
+    clean = run_cases([Case(resolve_generator("AssistedCandidateGenerator"), {}, "step", scenario)],
+                      POSITION_2_SAMPLES, 1e-6, 0, batch_size=1).cases[0]
+    second = clean.positions[1]
+    assert clean.verdict == "lossless" and second["samples"] == POSITION_2_SAMPLES and second["strata"] == 1, second
+    stated = second["tv_detectable"]  # measured: 0.304
+    assert position_2_misses(stated, scenario) <= POSITION_2_MISSES
+    assert position_2_misses(stated / 2, scenario) > POSITION_2_MISSES
