@@ -158,8 +158,8 @@ def position_2_scenario():
     accepted: position 2 is reached in every trial, one stratum, and its stated figure is the same in
     every run of a given size), and at position 2 the target's with the second most likely token's mass
     moved elsewhere by renormalising: a direction the likelihood ratio sees no better than the L1 test."""
-    from lossless_check.scenarios import _BASE, Scenario
-    from lossless_check.tables import FixedLogits
+    from lossless_check.laws.scenarios import _BASE, Scenario
+    from lossless_check.laws.tables import FixedLogits
 
     second = _BASE.copy()
     second[np.argsort(_BASE)[-2]] = -np.inf
@@ -172,8 +172,8 @@ def position_2_misses(tv: float, scenario) -> int:
     TV ``tv`` from the target's, counted until the check's verdict is known (more than the allowed)."""
     from fixtures.mutants.batch_1_only import substituted
     from fixtures.mutants.position_2_share import wrong_second_q
-    from lossless_check.adapters import resolve_generator
-    from lossless_check.results import Case
+    from lossless_check.subjects.adapters import resolve_generator
+    from lossless_check.evidence.results import Case
 
     name = "AssistedCandidateGenerator"
     laws = StepCase(Case(resolve_generator(name), {}, "step", scenario)).laws
@@ -196,8 +196,8 @@ def test_a_bug_at_the_stated_position_2_figure_of_a_batch_1_case_is_caught_and_a
     """A batch-1 case states ``tv_detectable`` at position 2 from the trials that reached it; a generator
     whose position-2 law sits exactly at that figure is caught at the stated power (30 runs). Negative
     control: the same check at half the figure fails (measured: 2 of 10 runs caught there)."""
-    from lossless_check.adapters import resolve_generator
-    from lossless_check.results import Case
+    from lossless_check.subjects.adapters import resolve_generator
+    from lossless_check.evidence.results import Case
 
     scenario = position_2_scenario()
     clean = run_cases([Case(resolve_generator("AssistedCandidateGenerator"), {}, "step", scenario)],
