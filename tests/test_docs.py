@@ -190,7 +190,7 @@ def test_example_runs(block, tmp_path):
 
 def test_the_example_checks_can_fail(tmp_path, capsys):
     """Negative controls: a misspelt option does not parse, a block without a language and a malformed
-    marker are caught, and a block marked to exit 0 that exits 1 fails its run."""
+    marker are caught, and an ``exits N`` marker sets the exit code a run must end with."""
     page = tmp_path / "page.md"
     page.write_text("<!-- example: exits 1 -->\n```bash\nlossless-check run --no-such-option\n```\n\n```\nplain\n```\n")
     bad, bare = blocks(page)
