@@ -109,6 +109,10 @@ def test_the_readme_is_short_and_keeps_the_two_commands():
     test_command = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
     commands = [b.code.strip() for b in blocks(README) if b.lang == "bash"]
     assert MAIN_JOB in commands and test_command in commands
+    # Its links are relative paths (to docs/*.md and the repository's folders), so that they work where
+    # the repository is read; the site's build checks the pages' own links.
+    targets = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
+    assert targets and [t for t in targets if "://" in t or not (ROOT / t).exists()] == []
     # The README's plugin output is an excerpt of the guide's, which tests/test_downstream.py checks.
     excerpt = shown(README, "the command that repeats the check:").splitlines()
     assert set(excerpt) <= set(shown(PLUGIN_PAGE, "fails the drafter:").splitlines())
