@@ -109,6 +109,10 @@ def test_the_readme_is_short_and_keeps_the_two_commands():
     test_command = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
     commands = [b.code.strip() for b in blocks(README) if b.lang == "bash"]
     assert MAIN_JOB in commands and test_command in commands
+    # Its links are relative paths (to docs/*.md and the repository's folders), so that they work where
+    # the repository is read; the site's build checks the pages' own links.
+    targets = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
+    assert targets and [t for t in targets if "://" in t or not (ROOT / t).exists()] == []
     # The README's plugin output is an excerpt of the guide's, which tests/test_downstream.py checks.
     excerpt = shown(README, "the command that repeats the check:").splitlines()
     assert set(excerpt) <= set(shown(PLUGIN_PAGE, "fails the drafter:").splitlines())
@@ -139,8 +143,8 @@ def test_every_command_shown_parses():
     for where, args in shown_commands:
         try:
             parser.parse_args(args)
-        except SystemExit as exc:
-            pytest.fail(f"{where}: lossless-check {shlex.join(args)} does not parse (exit {exc.code})")
+        except (SystemExit, Exception) as exc:  # the command's parser raises its usage error (exit 2)
+            pytest.fail(f"{where}: lossless-check {shlex.join(args)} does not parse: {exc}")
 
 
 def test_configuration_examples_parse():
@@ -153,8 +157,8 @@ def test_configuration_examples_parse():
 
 
 def test_the_json_reference_lists_every_field():
+    from lossless_check import CaseResult, RunResult
     from lossless_check.outputs.report import to_json
-    from lossless_check.evidence.results import CaseResult, RunResult
 
     page = (DOCS / "reference" / "json-report.md").read_text()
     written = set(to_json(RunResult([], 1e-6, 0, 10))) | {f.name for f in fields(CaseResult)} - {"exact_failure"}
@@ -186,3 +190,18 @@ def test_example_runs(block, tmp_path):
         command = ["bash", "-e", "-c", block.code]
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == block.expected_exit, f"{block.id}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+
+
+def test_the_example_checks_can_fail(tmp_path, capsys):
+    """Negative controls: a misspelt option does not parse, a block without a language and a malformed
+    marker are caught, and an ``exits N`` marker sets the exit code a run must end with."""
+    page = tmp_path / "page.md"
+    page.write_text("<!-- example: exits 1 -->\n```bash\nlossless-check run --no-such-option\n```\n\n```\nplain\n```\n")
+    bad, bare = blocks(page)
+    with pytest.raises(Exception, match="unrecognized arguments: --no-such-option"):
+        _hook("cli_reference").build_parser().parse_args(_commands(bad)[0])
+    assert bare.lang not in LANGUAGES and bad.expected_exit == 1 and bad.runs_here
+    page.write_text("<!-- example: not-run -->\n```bash\nlossless-check list\n```\n")
+    with pytest.raises(ValueError, match="malformed example marker"):
+        blocks(page)
+    capsys.readouterr()
