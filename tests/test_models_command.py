@@ -47,7 +47,8 @@ def test_raw_logits_mutant_fails_exactly_at_once_and_statistically(pair, tmp_pat
     assert row["exact"]["verdict"] == "inconsistent"
     assert "round 1, draft position 1" in row["exact"]["first_inconsistency"]
     assert row["exact"]["inconsistent"] == row["exact"]["checked"] > 0
-    # Statistical: the e-value reaches 1/alpha (measured: 649 tokens, 21 calls of 32 at seed 0, 36 of 672 positions at an ambiguous top_k boundary not bet on).
+    # Statistical: the e-value reaches 1/alpha (measured: 649 tokens, 21 calls of 32 at seed 0; 36 of the 672
+    # positions at an ambiguous top_k boundary, not bet on).
     assert row["statistical"]["rejected_at_token"] is not None
     assert row["statistical"]["rejected_at_token"] <= 2048
 
