@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lossless_check.core.errors import UsageError
-from lossless_check.modes.models.pair import FAMILIES, PairRow
+from lossless_check.modes.loop_models import ASSISTED
+from lossless_check.modes.models.pair import FAMILIES, TWO_TOKENIZERS, PairRow
 
 DEFAULT_ALPHA = 1e-6
 #: Most sampling generate() calls per row (each stops at its first rejection).
@@ -59,18 +60,25 @@ class ModelsResult:
         return "\n".join(lines)
 
 
-def resolve_families(generators) -> list:
+def resolve_families(generators, two_tokenizers: bool = False) -> list:
     """The named generators (built-in names or ``module:attr`` subclasses of a family a pair drives), or
-    every family the pair drives; a one-line :class:`UsageError` for the others."""
+    every family the pair drives (the two-tokenizer one when ``two_tokenizers``: the folders hold
+    different tokenizers); a one-line :class:`UsageError` for the others."""
     from lossless_check.subjects.adapters import resolve_generator
 
-    resolved = [resolve_generator(g) for g in (generators or FAMILIES)]
+    drives = FAMILIES + (TWO_TOKENIZERS if two_tokenizers else ())
+    # With two vocabularies generate() routes an assistant model to the two-tokenizer family, not to Assisted.
+    default = tuple(f for f in drives if not (two_tokenizers and f == ASSISTED))
+    resolved = [resolve_generator(g) for g in (generators or default)]
     for r in resolved:
         if r.adapter.name == "factory":
             raise UsageError(f"generator {r.spec!r} is a factory: factories build generators over the harness's "
-                             f"stub models; with a model pair name a class (a subclass of {' or '.join(FAMILIES)})")
-        if r.adapter.name not in FAMILIES:
-            raise UsageError(f"generator {r.spec!r}: a model pair drives {' and '.join(FAMILIES)} (and their "
+                             f"stub models; with a model pair name a class (a subclass of {' or '.join(drives)})")
+        if r.adapter.name in TWO_TOKENIZERS and not two_tokenizers:
+            raise UsageError(f"generator {r.spec!r} needs different tokenizers saved in the --target and "
+                             f"--assistant folders")
+        if r.adapter.name not in drives:
+            raise UsageError(f"generator {r.spec!r}: a model pair drives {' and '.join(drives)} (and their "
                              f"subclasses); {r.adapter.name} needs models of its own kind")
     return resolved
 
@@ -82,7 +90,8 @@ def check_models(target: str, assistant: str, generators=None, warpers=None, pro
     ``save_pretrained`` folders (loaded with ``local_files_only=True``).
 
     ``generators``: built-in names or ``module:attr`` classes (default: AssistedCandidateGenerator and
-    PromptLookupCandidateGenerator); ``warpers``: spec strings or dicts (default :data:`DEFAULT_WARPERS`);
+    PromptLookupCandidateGenerator; when the two folders hold different tokenizers, prompt lookup and
+    AssistedCandidateGeneratorDifferentTokenizers, greedy only); ``warpers``: spec strings or dicts (default :data:`DEFAULT_WARPERS`);
     ``prompts``: a file, one prompt per line (text through the target's tokenizer when its folder has
     one, else space-separated token ids), default seeded random ids; ``samples``: most sampling
     ``generate()`` calls per row; ``workers``: processes the calls are spread over (each loads the
@@ -92,7 +101,7 @@ def check_models(target: str, assistant: str, generators=None, warpers=None, pro
     from lossless_check.faces.api import _stacks
     from lossless_check.running.engine import make_engine
     from lossless_check.modes.models.loading import (
-        check_checkpoint_dir, check_prompts_file, load_pair, load_tokenizer, read_prompts,
+        check_checkpoint_dir, check_prompts_file, load_pair, load_tokenizer, read_prompts, tokenizers_differ,
     )
     from lossless_check.modes.models.pair import RowSettings, check_row
 
@@ -100,7 +109,7 @@ def check_models(target: str, assistant: str, generators=None, warpers=None, pro
     check_checkpoint_dir(assistant, "--assistant")
     check_prompts_file(prompts)
     _positive("workers", workers)
-    resolved = resolve_families(generators)
+    resolved = resolve_families(generators, tokenizers_differ(target, assistant))
     stacks = _stacks(warpers if warpers else list(DEFAULT_WARPERS))
     target_model, _ = load_pair(target, assistant, device)
     vocab = target_model.get_output_embeddings().weight.shape[0]

@@ -55,8 +55,8 @@ def load_pair(target: str, assistant: str, device: str) -> tuple:
     return _LOADED[key]
 
 
-def load_tokenizer(path: str):
-    """The tokenizer saved beside the target, or ``None`` when the folder has none."""
+def load_tokenizer(path: str, option: str = "--target"):
+    """The tokenizer saved in a model's folder, or ``None`` when the folder has none."""
     folder = Path(path)
     if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         return None
@@ -65,7 +65,7 @@ def load_tokenizer(path: str):
     try:
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as exc:  # noqa: BLE001
-        raise UsageError(f"--target {path!r}: its tokenizer cannot be loaded: {_first_line(exc)}") from None
+        raise UsageError(f"{option} {path!r}: its tokenizer cannot be loaded: {_first_line(exc)}") from None
 
 
 def read_prompts(path: str | None, tokenizer, vocab_size: int, seed: int) -> list[list[int]]:
@@ -101,3 +101,9 @@ def read_prompts(path: str | None, tokenizer, vocab_size: int, seed: int) -> lis
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+def tokenizers_differ(target: str, assistant: str) -> bool:
+    """Whether both folders hold a tokenizer and their vocabularies differ (the two-tokenizer family applies)."""
+    mine, theirs = load_tokenizer(target), load_tokenizer(assistant, "--assistant")
+    return mine is not None and theirs is not None and mine.get_vocab() != theirs.get_vocab()
