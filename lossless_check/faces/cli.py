@@ -20,7 +20,6 @@ import sys
 from lossless_check.core.errors import UsageError
 from lossless_check.core.exit_codes import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NOT_LOSSLESS, EXIT_OK, EXIT_USAGE
 from lossless_check.core.options import positive_int, probability
-from lossless_check.modes.sample_size import samples_to_detect
 from lossless_check.running.ray_backend import check_backend
 
 #: Trials per case: position 1 then detects a TV of about 0.07 (vocabulary 8, family alpha 1e-6).
@@ -189,6 +188,7 @@ def _cases(args):
 
 def _run(args) -> int:
     from lossless_check.faces.api import RunInterrupted, run_cases
+    from lossless_check.modes.sample_size import samples_to_detect
     from lossless_check.outputs.report import print_table, write_json
     from lossless_check.running.journal import Journal, journal_for, run_identity
     from lossless_check.running.progress import progress_reporter
