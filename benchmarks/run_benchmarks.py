@@ -9,6 +9,8 @@
    so machine noise hits both alike; the harness at batch 1 (what it did before batching) beside.
    The same at V = 32,000 (``zipf32k``, ``top_p=0.9``) and 49,152 (``lm49k``, ``top_k=50``), where the
    bare loop's laws are one tensor per position (:func:`bare_verifier_loop_large`).
+   Generate mode: the harness's collection (hooks, the verifier watch, the bookkeeping) against a bare
+   loop of the same ``generate()`` call with the same stubs and config (:func:`bare_generate_loop`).
 2. scaling: the same cases with --workers 1 and 2 (identical results asserted).
 3. samples to verdict for every negative control of the mutation catalog at family alpha 1e-6:
    the fixed-N test (the planned N at which it has power 0.99) vs the sequential test (trials to
@@ -40,10 +42,15 @@ hf_logging.set_verbosity_error()
 
 from lossless_check.subjects.adapters import ADAPTERS, resolve_generator  # noqa: E402
 from lossless_check.faces.api import run_cases  # noqa: E402
-from lossless_check.faces.cli import DEFAULT_SAMPLES, samples_to_detect  # noqa: E402
+from lossless_check.faces.cli import DEFAULT_SAMPLES
+from lossless_check.modes.sample_size import samples_to_detect  # noqa: E402
 from lossless_check.laws.matrix import matrix  # noqa: E402
+from lossless_check.modes.generate import _setup as generate_setup, collect as collect_generations  # noqa: E402
+from lossless_check.modes.randomness import FRESH_CALLS  # noqa: E402
+from lossless_check.modes.replay import total_replays  # noqa: E402
 from lossless_check.modes.step import StepCase  # noqa: E402
-from lossless_check.faces.mutation import MUTANTS, information_bound, installed, samples_needed  # noqa: E402
+from lossless_check.faces.mutant_catalog import MUTANTS
+from lossless_check.faces.mutation import information_bound, installed, samples_needed  # noqa: E402
 from lossless_check.evidence.results import Case  # noqa: E402
 from lossless_check.laws.scenarios import DEFAULT, SCENARIOS  # noqa: E402
 
@@ -122,14 +129,20 @@ def bare_verifier_loop_large(step: StepCase, trials: int) -> float:
 
 
 def throughput_large(generator: str, scenario: str, warpers: dict, trials: int, blocks: int = 2) -> dict:
-    """The harness (batched) against :func:`bare_verifier_loop_large` on a large-vocabulary scenario."""
+    """The harness (batched) against :func:`bare_verifier_loop_large` on a large-vocabulary scenario.
+
+    The harness makes the batch-1 calls of a case of :data:`DEFAULT_SAMPLES` trials in proportion: its
+    replays (:func:`~lossless_check.modes.replay.total_replays`) and its fresh-draw calls
+    (:data:`~lossless_check.modes.randomness.FRESH_CALLS`), per trial."""
     case = Case(resolve_generator(generator), warpers, scenario=SCENARIOS[scenario])
     step = StepCase(case)
     bare = harness = 0.0
     per_block = trials // blocks
+    replays = round(per_block * total_replays(DEFAULT_SAMPLES) / DEFAULT_SAMPLES)
+    fresh = round(per_block * FRESH_CALLS / DEFAULT_SAMPLES)
     for block in range(blocks):
         bare += bare_verifier_loop_large(step, per_block)
-        harness += step.collect(per_block, seed=block).seconds
+        harness += step.collect(per_block, seed=block, replays=replays, fresh=fresh).seconds
     n = per_block * blocks
     return {"generator": generator, "scenario": scenario, "vocab": case.scenario.vocab_size, "trials": n,
             "bare_samples_per_s": n / bare, "harness_samples_per_s": n / harness, "ratio": bare / harness,
@@ -146,6 +159,46 @@ def print_large_throughput(rows: list[dict]) -> None:
     for row in rows:
         table.add_row(row["generator"], f"{row['scenario']} (V={row['vocab']:,})", f"{row['bare_samples_per_s']:.0f}",
                       f"{row['harness_samples_per_s']:.0f}", f"{row['ratio']:.2f}x")
+    Console().print(table)
+
+
+#: Generate-mode throughput cases: the markov8 scenario under ``top_k=3``, ``max_new_tokens`` 4.
+GENERATE_GENERATORS = ("AssistedCandidateGenerator", "DFlashTokenCandidateGenerator", "PromptLookupCandidateGenerator")
+
+
+def bare_generate_loop(setup, trials: int) -> float:
+    """Seconds for ``trials`` unmodified ``generate()`` calls with the case's stubs and config, nothing else."""
+    started = time.perf_counter()
+    with torch.no_grad():
+        for _ in range(trials):
+            setup.target.generate(setup.prompt_ids, generation_config=setup.generation_config, **setup.generate_kwargs)
+    return time.perf_counter() - started
+
+
+def generate_throughput(generator: str, trials: int, blocks: int = 4, max_new_tokens: int = 4) -> dict:
+    """Generate mode's collection (the harness) against :func:`bare_generate_loop`, arms interleaved."""
+    case = Case(resolve_generator(generator), {"top_k": 3}, "generate", DEFAULT, max_new_tokens=max_new_tokens)
+    setup = generate_setup(case, max_new_tokens)
+    bare = harness = 0.0
+    per_block = trials // blocks
+    for block in range(blocks):
+        bare += bare_generate_loop(setup, per_block)
+        harness += collect_generations(setup, per_block, max_new_tokens, block).seconds
+    n = per_block * blocks
+    return {"generator": generator, "trials": n, "bare_samples_per_s": n / bare, "harness_samples_per_s": n / harness,
+            "ratio": bare / harness}
+
+
+def print_generate_throughput(rows: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="generate-mode throughput: harness vs a bare generate() loop (markov8, top_k=3, K=4, one process)")
+    for col in ("generator", "bare generate() samples/s", "harness samples/s", "harness / bare"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(row["generator"], f"{row['bare_samples_per_s']:.0f}", f"{row['harness_samples_per_s']:.0f}",
+                      f"{row['ratio']:.2f}x")
     Console().print(table)
 
 
@@ -212,8 +265,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run of the benchmark itself)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--large-only", action="store_true", help="only the large-vocabulary throughput table")
+    parser.add_argument("--generate-only", action="store_true", help="only the generate-mode throughput table")
     args = parser.parse_args()
     size = 400 if args.quick else 2000
+    generate = [generate_throughput(g, 200 if args.quick else 1000) for g in GENERATE_GENERATORS]
+    if args.generate_only:
+        print_generate_throughput(generate)
+        print(json.dumps(generate, indent=2))
+        return
     large = [throughput_large(g, name, w, 500 if args.quick else 2000)
              for name, w in LARGE_VOCABULARY_CASES for g in THROUGHPUT_GENERATORS]
     if args.large_only:
@@ -224,6 +283,7 @@ def main() -> None:
         # Blocks of 2,000 trials: full 512-row calls (blocks of 500 measure a batched call's fixed cost).
         "throughput": [throughput(g, 400 if args.quick else 8000) for g in THROUGHPUT_GENERATORS],
         "throughput_large": large,
+        "generate_throughput": generate,
         "scaling": scaling(size * 2),
         "samples_to_verdict": samples_to_verdict(2 if args.quick else 8, 5000),
         "clean_pass": clean_pass(0.2 if args.quick else 0.1),
@@ -242,6 +302,7 @@ def main() -> None:
                       f"{row['ratio']:.2f}x", f"{row['batch1_samples_per_s']:.0f}", f"{row['batching_speedup']:.1f}x")
     console.print(table)
     print_large_throughput(report["throughput_large"])
+    print_generate_throughput(report["generate_throughput"])
     s = report["scaling"]
     console.print(f"scaling: workers 1 -> 2 speedup {s['speedup']:.2f}x on {s['cores']} cores "
                   f"({s['seconds_1']:.1f}s vs {s['seconds_2']:.1f}s), identical results")

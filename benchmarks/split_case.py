@@ -5,7 +5,7 @@
 The case is the main job's longest: ``AssistedCandidateGenerator`` on ``zipf32k`` under
 ``top_p=0.9`` (a 32,000-token vocabulary; lossless, so it runs all 5,000 trials). With one worker
 it runs whole in this process; with two, its chunks are collected by both workers while its looks
-are taken in the driver (``lossless_check/scheduler.py``). Arms alternate; the figure is the ratio
+are taken in the driver (``lossless_check/running/scheduler.py``). Arms alternate; the figure is the ratio
 of wall times (benchmarks/README.md), and the two reports must agree, timings aside.
 """
 

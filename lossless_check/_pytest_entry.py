@@ -10,7 +10,8 @@ it with ``-p no:lossless_check``.
   the schema of ``lossless-check run --json``).
 - The ``lossless`` fixture (:class:`lossless_check.faces.pytest_plugin.Lossless`): ``check(...)`` returns
   a ``CaseResult``, ``assert_lossless(...)`` fails with a readable explanation; ``fuzz(...)`` and
-  ``assert_fuzz_lossless(...)`` search random warper stacks.
+  ``assert_fuzz_lossless(...)`` search random warper stacks; ``check_models(target=, assistant=, ...)`` and
+  ``assert_models_lossless(...)`` check the test's own model pair (``lossless-check models``).
 - The ``lossless`` marker tags tests that use the harness. Tests requesting the fixture get it
   automatically, so ``-m "not lossless"`` deselects every statistical test; the tagged tests are the
   ones the session's alpha is shared among; its keyword arguments ``samples``, ``scenario`` and
@@ -98,7 +99,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def lossless(request: pytest.FixtureRequest) -> Lossless:
     """Run lossless-check cases: ``lossless.check(generator, warpers="top_k=3", scenario="iid8", samples=None)``
     returns a ``CaseResult``; ``lossless.assert_lossless(...)`` fails the test with a readable explanation;
-    ``lossless.fuzz(...)`` / ``lossless.assert_fuzz_lossless(...)`` search random warper stacks.
+    ``lossless.fuzz(...)`` / ``lossless.assert_fuzz_lossless(...)`` search random warper stacks;
+    ``lossless.check_models(target=..., assistant=...)`` / ``lossless.assert_models_lossless(...)`` check a model pair.
     ``@pytest.mark.lossless(samples=..., scenario=..., seed=...)`` sets the test's defaults."""
     marker = request.node.get_closest_marker("lossless")
     if marker is not None and marker.args:
@@ -131,6 +133,11 @@ def _summary_line(r: dict) -> str:
         found = f"minimal failing stack [{r['warpers']}]" if r["warpers"] is not None else "no failing stack"
         return (f"{r['generator']} fuzz {r['scenario']}: {r['stacks_checked']} stacks, "
                 f"{r['statistical_tests']} statistical tests, {found}  n={r['samples']}/stack  {alpha}")
+    if r["mode"] == "models":
+        greedy = r["greedy"]
+        greedy = f"{greedy['differ']}/{greedy['comparisons']} greedy outputs differ" if greedy else "no greedy check"
+        return (f"{r['generator']} [{r['warpers']}] models {r['target']} / {r['assistant']}: "
+                f"exact {r['exact'].get('verdict', '-')}, {r['samples']} tokens bet on, {greedy}  {alpha}")
     return (f"{r['generator']} [{r['warpers']}] {r['scenario']}  n={r['samples']}  TV {_fmt(r['tv'], '.4f')}  "
             f"p={_fmt(r['p_value'], '.2g')}  {alpha}")
 

@@ -11,17 +11,17 @@ import torch
 import transformers
 
 from fixtures.releases import PROMPT_LOOKUP_CRASHES_WITHOUT_EOS, PROMPT_LOOKUP_OVERSHOOTS, needs, within
-from lossless_check.subjects.adapters import ADAPTERS, resolve_generator
-from lossless_check.subjects.adapters.early_exit import EXIT_LAYER, early_exit_model_for
-from lossless_check.laws.expected import ExactLaws, first_token_law
-from lossless_check.faces.api import run_cases as run
-from lossless_check.modes.step import StepCase
 from lossless_check.evidence.results import Case
+from lossless_check.faces.api import run_cases as run
+from lossless_check.laws.expected import ExactLaws, first_token_law
 from lossless_check.laws.scenarios import DEFAULT, IID, Scenario
-from lossless_check.stats import Stratum, law_test
 from lossless_check.laws.stubs import fixed_logits_lm
 from lossless_check.laws.tables import FixedLogits
 from lossless_check.laws.warpers import capture_processors
+from lossless_check.modes.step import StepCase
+from lossless_check.stats import Stratum, law_test
+from lossless_check.subjects.adapters import ADAPTERS, resolve_generator
+from lossless_check.subjects.adapters.early_exit import EXIT_LAYER, early_exit_model_for
 
 TOP_K = {"top_k": 3}
 ALPHA = 1e-6
@@ -120,11 +120,13 @@ def _translator_permutation():
     """``perm[t]``: the target token whose q the real translator returns in target slot ``t``."""
     from transformers.generation.candidate_generator import AssistantVocabTranslatorCache
 
-    from lossless_check.subjects.adapters.vocabularies import (
-        assistant_lm, assistant_words, target_words, word_level_tokenizer,
-    )
-
     from lossless_check.laws.tables import FixedLogits
+    from lossless_check.subjects.adapters.vocabularies import (
+        assistant_lm,
+        assistant_words,
+        target_words,
+        word_level_tokenizer,
+    )
 
     vocab = IID.vocab_size
     words = assistant_words(vocab)
@@ -273,9 +275,9 @@ def test_prompt_lookup_is_not_lossless_on_4_40_to_5_13_because_the_loop_keeps_it
     from transformers import GenerationConfig
     from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
-    from lossless_check.subjects.adapters.rounds import first_round
     from lossless_check.core.compat import loop_eos
     from lossless_check.modes.generate import run_generate_case
+    from lossless_check.subjects.adapters.rounds import first_round
 
     affected = within(PROMPT_LOOKUP_OVERSHOOTS)
     if (5, 0, 0) <= release() <= (5, 24, 0):  # white-box, the generator's side: examined on 5.0-5.24

@@ -16,7 +16,14 @@ import numpy as np
 import pytest
 import torch
 
-from fixtures.releases import ASSISTED_DRAFTS_GREEDILY, DFLASH, VERIFIER_ACCEPTS_AT_R_0, needs, verifier_rule_line, within
+from fixtures.releases import (
+    ASSISTED_DRAFTS_GREEDILY,
+    DFLASH,
+    VERIFIER_ACCEPTS_AT_R_0,
+    needs,
+    verifier_rule_line,
+    within,
+)
 from lossless_check.faces.api import cases_for, run_cases
 
 FORCED = 3
@@ -68,9 +75,9 @@ def test_forced_r_0_is_attributed_to_the_verifier(r_zero_at_impossible_drafts):
 def test_without_attribution_the_same_run_blames_the_generator(r_zero_at_impossible_drafts, monkeypatch):
     """Negative control: the set-aside is what keeps the generator's verdict honest. At batch 1: batched
     rows never fail a case (a batched failure reruns it at batch 1, where the forced draws are spent)."""
-    from lossless_check.modes import step
+    from lossless_check.modes import step_run
 
-    monkeypatch.setattr(step, "accepted_impossible", lambda emitted, *_: np.full(len(emitted), -1))
+    monkeypatch.setattr(step_run, "accepted_impossible", lambda emitted, *_: np.full(len(emitted), -1))
     result = _assisted_top_k3(batch_size=1)
     if not ACCEPTS_AT_R_0:
         assert result.verdict == "lossless" and result.exact_failures == [], result.reason

@@ -14,15 +14,15 @@ from scipy.stats import binomtest
 
 import lossless_check as lc
 from fixtures.mutants.batch_1_only import TRANSFORMS, batch_1_only, substituted
-from lossless_check.subjects.adapters import resolve_generator
+from fixtures.releases import DFLASH, lossless_builtins, needs
+from lossless_check.evidence.results import Case
 from lossless_check.faces.api import cases_for, run_cases
 from lossless_check.laws.expected import first_token_law
-from lossless_check.modes import replay, step
+from lossless_check.laws.scenarios import IID
+from lossless_check.modes import replay, step, step_run
 from lossless_check.modes.batching import STAGE_POWER
 from lossless_check.modes.step import StepCase
-from lossless_check.evidence.results import Case
-from lossless_check.laws.scenarios import IID
-from fixtures.releases import DFLASH, lossless_builtins, needs
+from lossless_check.subjects.adapters import resolve_generator
 
 WARPERS = "top_k=3"
 
@@ -96,6 +96,26 @@ def test_greedy_drafts_at_batch_1_only_are_caught():
     assert result.verdict == "not_lossless", result.reason
 
 
+@needs(DFLASH)
+def test_a_gumbel_max_sampler_stays_batched_its_noise_forced_row_by_row():
+    """Gumbel-max drafts (``fixtures/samplers.py``): each replay forces its noise to the row's, so an
+    honest sampler keeps batched speed and passes, and one wrong at batch 1 only (its negative
+    control) is seen by the replays, runs at batch 1 and is flagged."""
+    def check(name: str):
+        case = Case(resolve_generator(f"fixtures.samplers:{name}"), {"top_k": 3}, scenario=IID)
+        return run_cases([case], 2000, 1e-6, 0).cases[0]
+
+    honest = check("GumbelDFlash")
+    assert honest.verdict == "lossless" and honest.batch["batch_size"] > 1, (honest.reason, honest.batch)
+    assert honest.batch["replays"] == replay.total_replays(2000)
+    bug = check("GumbelDFlashBatch1Bug")
+    assert bug.batch["batch_size"] == 1 and bug.batch["note"].startswith("batch 1: row "), bug.batch
+    assert bug.verdict == "not_lossless", bug.reason
+    same = check("GumbelDFlashReseeded")  # the same noise in every call: the unforced calls see it repeat
+    assert same.batch["batch_size"] == 1 and "same vocabulary-wide noise" in same.batch["note"], same.batch
+    assert same.verdict == "not_lossless", same.reason
+
+
 #: Seeded runs of the power check, and the misses it allows: if the power at the reported
 #: ``tv_detectable`` were only 0.99, P(misses > 2 of 30) = 0.0033, this check's false-failure rate;
 #: against a power of 0.5 (the overclaiming variant below), it fails with probability 1 - 5e-7.
@@ -135,7 +155,8 @@ def test_the_power_check_fails_when_replays_shrink_but_the_claim_does_not(monkey
     """Negative control: one replay a case, while ``tv_detectable`` still claims what the full share
     of replays proves (the batch-1 arm shrunk back, the claim kept)."""
     claimed = replay.replay_detectable_tv(replay.total_replays(1000), STAGE_POWER)
-    monkeypatch.setattr(step, "replays_per_chunk", lambda samples: [1] + [0] * 8)
+    for module in (step, step_run):  # StepRun takes the replays of a chunk, StepCase.collect those of a call
+        monkeypatch.setattr(module, "replays_per_chunk", lambda samples: [1] + [0] * 8)
     monkeypatch.setattr(step, "replay_detectable_tv", lambda replays, power: claimed)
     made, misses, _ = detection_count("DFlashTokenCandidateGenerator", POWER_RUNS, DECIDING_MISSES)
     assert misses > ALLOWED_MISSES, (made, misses)

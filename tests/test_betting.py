@@ -79,3 +79,18 @@ def test_token_outside_the_support_is_an_exact_failure():
     p = np.array([0.5, 0.5, 0.0])
     bet.update(p, np.array([0.2, 0.2, 0.6]), p, 2, 1e-6)
     assert bet.support_violations == 1 and bet.log_evalue == 0.0 and math.isfinite(bet.max_log_evalue)
+
+
+def test_top_k_boundary_within_float_rounding_is_ambiguous():
+    """A top_k boundary that float rounding between two forward passes can move is flagged (its position is not
+    bet on); a clear gap, a k covering the vocabulary, or removed tokens past the boundary are not."""
+    import torch
+
+    from lossless_check.modes.models.pair import BOUNDARY_TOLERANCE, top_k_ambiguous
+
+    tolerance = BOUNDARY_TOLERANCE[torch.float32]
+    row = torch.tensor([9.0, 8.5, 8.0, 8.0 - 5e-5, 1.0])
+    assert top_k_ambiguous(row, 3, tolerance)  # 3rd and 4th within 1e-3 * 8
+    assert not top_k_ambiguous(row, 2, tolerance)  # gap 0.5
+    assert not top_k_ambiguous(row, 5, tolerance)
+    assert not top_k_ambiguous(torch.tensor([2.0, 1.0, -math.inf, -math.inf]), 2, tolerance)

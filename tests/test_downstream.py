@@ -1,7 +1,7 @@
 """A downstream repository's first day, from the built wheel and nothing else.
 
 The test builds the wheel from a copy of the package, installs it into a fresh virtualenv outside the
-checkout with the README's documented command (``pip install torch==2.13.0 -r requirements-test.txt``,
+checkout with the documented command (README, docs/getting-started.md) (``pip install torch==2.13.0 -r requirements-test.txt``,
 the file naming lossless-check by path and the README test extra's transformers), and runs there, in
 a directory outside the checkout, a project ``mydraft`` with two candidate generators of its own:
 
@@ -12,8 +12,8 @@ a directory outside the checkout, a project ``mydraft`` with two candidate gener
   independent, which the verifier assumes.
 
 It runs mydraft's plugin tests (``assert_lossless``, a fuzz test, a negative control), ``lossless-check
-gate`` on both generators (exit 0 with reports; exit 1 with reports and plots), the README's plugin
-example and the README's Python API example, all from the installed wheel (and ``lossless-check mutants``,
+gate`` on both generators (exit 0 with reports; exit 1 with reports and plots), the plugin
+example (docs/guides/pytest-plugin.md) and the Python API example (docs/guides/python-api.md), all from the installed wheel (and ``lossless-check mutants``,
 whose mutants only a checkout has, must say so in one line). pip's cache (and torch
 2.13.0's CPU wheel on this disk) keeps the install to about a minute.
 """
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.readme import api_example, assert_api_example_output, python_files, section
+from fixtures.readme import PLUGIN_PAGE, api_example, assert_api_example_output, python_files, shown
 
 # heavy: minutes of build, install and subprocesses; .ci/run runs it in its second step.
 pytestmark = [pytest.mark.slow, pytest.mark.downstream, pytest.mark.heavy]
@@ -162,7 +162,7 @@ def test_a_downstream_project_from_the_wheel(tmp_path):
     _write(project / "mydraft" / "drafters.py", DRAFTERS)
     _write(project / "tests" / "test_mydraft.py", PLUGIN_TESTS)
     readme_plugin = tmp_path / "readme-plugin"
-    for name, code in python_files("pytest plugin").items():
+    for name, code in python_files(PLUGIN_PAGE).items():
         _write(readme_plugin / name, code)
     api_name, api_code = api_example()
     _write(tmp_path / "api" / api_name, api_code)
@@ -214,18 +214,18 @@ def test_a_downstream_project_from_the_wheel(tmp_path):
     html = (project / "gate-shared-noise" / "report.html").read_text()
     assert "<h2>Failing cases</h2>" in html and html.count('src="data:image/png;base64,') >= 2
 
-    # The README's plugin example: the built-in passes, the drafter fails as the README shows.
+    # The docs' plugin example: the built-in passes, the drafter fails as the page shows.
     rc, out, err = done["readme-plugin"]
     assert rc == 1, out[-4000:] + err[-2000:]
-    shown = re.search(r"fails the drafter:\n\n```\n(.*?)```", section("pytest plugin"), re.S).group(1).splitlines()
+    output = shown(PLUGIN_PAGE, "fails the drafter:").splitlines()
     # Verbatim: the failure's headline, sub-checks and reproduce command, and the summary's head; its
     # lines up to the TV (the figures may move with the statistics' wording, the verdicts may not).
-    verbatim = [shown[1], shown[2], next(line for line in shown if line.startswith("reproduce: ")), shown[-4]]
-    for line in verbatim + [line.split("  TV ")[0] for line in shown[-3:-1]]:
+    verbatim = [output[1], output[2], next(line for line in output if line.startswith("reproduce: ")), output[-4]]
+    for line in verbatim + [line.split("  TV ")[0] for line in output[-3:-1]]:
         assert line in out, f"{line!r} not in\n{out}"
     assert out.splitlines()[-1].startswith("1 failed, 1 passed"), out[-2000:]
 
-    # The README's Python API example, run as the README runs it.
+    # The docs' Python API example, run as the page runs it.
     rc, out, err = done["api"]
     assert rc == 0, err[-3000:]
     assert_api_example_output(out)

@@ -25,7 +25,9 @@ import pytest
 import transformers
 from packaging.version import Version
 
-from fixtures.releases import PROMPT_LOOKUP_CRASHES_WITHOUT_EOS, PROMPT_LOOKUP_OVERSHOOTS, VERIFIER_ACCEPTS_AT_R_0, within
+from fixtures.releases import (DIFFERENT_TOKENIZERS_TARGET_PROCESSORS, LOOP_STOPS_ON_PROMPT_EOS,
+                               PROMPT_LOOKUP_CRASHES_WITHOUT_EOS, PROMPT_LOOKUP_OVERSHOOTS, VERIFIER_ACCEPTS_AT_R_0,
+                               within)
 from lossless_check.outputs.repro import LEGACY_RELEASE
 from lossless_check.laws.stubs import LEGACY_GENERATION
 
@@ -44,6 +46,11 @@ AFFECTED = {
     "verifier_accepts_zero_probability": VERIFIER_ACCEPTS_AT_R_0,
     # every DFlash release drafts the whole block (5.15.0 line 1671, 5.18.0 line 1659, 5.24.0 line 1648)
     "dflash_drafts_past_max_length": ("5.15.0", None),
+    # the class keeps and passes the target's processors since it appeared (4.46.0 lines 159/225/513, 5.24.0
+    # lines 166/320)
+    "different_tokenizers_target_processors": DIFFERENT_TOKENIZERS_TARGET_PROCESSORS,
+    # is_done_candidate on a round without drafts (4.40.0 line 4659 ... 5.17.0 line 3857); 5.18.0 dropped it
+    "prompt_lookup_nothing_after_eos_prompt": LOOP_STOPS_ON_PROMPT_EOS,
 }
 
 #: What a script may import: the standard library modules below, torch, transformers and
@@ -152,4 +159,30 @@ def test_dflash_drafts_past_max_length_reproduces(clean_python, tmp_path):
 def test_dflash_drafts_past_max_length_control(clean_python, tmp_path):
     """One draft per block never runs past max_length: exit 0 on every release."""
     proc = run_repro(clean_python, "dflash_drafts_past_max_length", "--block-size", "2", tmp_path=tmp_path)
+    check_exit(proc, 0)
+
+
+def test_different_tokenizers_target_processors_reproduces(clean_python, tmp_path):
+    """Greedy two-tokenizer assisted decoding raises under bad_words_ids / sequence_bias where the release
+    hands the target's processors to the assistant (exact: no statistics)."""
+    proc = run_repro(clean_python, "different_tokenizers_target_processors", tmp_path=tmp_path)
+    check_exit(proc, 1 if affected("different_tokenizers_target_processors") else 0)
+
+
+def test_different_tokenizers_target_processors_control(clean_python, tmp_path):
+    """Without a processor the two-tokenizer greedy output is plain greedy decoding's: exit 0 on every release."""
+    proc = run_repro(clean_python, "different_tokenizers_target_processors", "--no-processors", tmp_path=tmp_path)
+    check_exit(proc, 0)
+
+
+def test_prompt_lookup_nothing_after_eos_prompt_reproduces(clean_python, tmp_path):
+    """Prompt lookup emits no token after a prompt ending in EOS where the loop checks the stopping criteria
+    on a round without drafts (exact)."""
+    proc = run_repro(clean_python, "prompt_lookup_nothing_after_eos_prompt", tmp_path=tmp_path)
+    check_exit(proc, 1 if affected("prompt_lookup_nothing_after_eos_prompt") else 0)
+
+
+def test_prompt_lookup_nothing_after_eos_prompt_control(clean_python, tmp_path):
+    """The same prompt without its final EOS: tokens are emitted on every release (exit 0)."""
+    proc = run_repro(clean_python, "prompt_lookup_nothing_after_eos_prompt", "--no-final-eos", tmp_path=tmp_path)
     check_exit(proc, 0)

@@ -73,6 +73,10 @@ FIXES = {
     "single_position_greedy_q": Fix(("--samples", "300"), dict(
         generator="SinglePositionMultiTokenCandidateGenerator", warpers="none", mode="step",
         scenario="iid8", samples=400)),
+    # Greedy, exact: unpatched, generate() raises in every comparison with a processor (verdict error).
+    "different_tokenizers_target_processors": Fix((), dict(
+        generator="AssistedCandidateGeneratorDifferentTokenizers", warpers="bad_words_ids=[[3]]", mode="greedy"),
+        unpatched_verdict="error"),
     # The harness's check of the verifier is `lossless-check verifier` (exit 0 on the strict fix).
     "verifier_accepts_zero_probability": Fix((), None, check=("verifier",)),
 }

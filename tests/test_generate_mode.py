@@ -7,26 +7,46 @@ findings, and releases whose generate() raises on the family), never skipped.
 import numpy as np
 import pytest
 import torch
-import transformers
 from packaging.version import Version
 
 from fixtures.mutants.loop_mutants import LOOP_SCENARIO
-from fixtures.releases import (ASSISTED_DRAFTS_GREEDILY, ASSISTED_STALE_CACHE_POSITION, INSTALLED, UNIVERSAL_PERMUTES_Q,
-                               assisted_samples, lossless_builtins, needs, within)
-from lossless_check.subjects.adapters import resolve_generator
-from lossless_check.laws.expected import ExactLaws, first_token_law
-from lossless_check.modes.generate import (
-    TINY_LLAMA, Generations, _setup, analyse, run_generate_case, stopping_violation, tiny_llama_pair,
+from fixtures.releases import (
+    ASSISTED_DRAFTS_GREEDILY,
+    ASSISTED_STALE_CACHE_POSITION,
+    INSTALLED,
+    UNIVERSAL_PERMUTES_Q,
+    assisted_samples,
+    lossless_builtins,
+    needs,
+    within,
 )
-from lossless_check.modes.loop_models import (
-    ASSISTED, DFLASH, DIFFERENT_TOKENIZERS, EARLY_EXIT, MTP, PROMPT_LOOKUP, SINGLE_POSITION, UNIVERSAL,
-)
-from lossless_check.faces.api import run_cases as run
 from lossless_check.evidence.results import Case
+from lossless_check.faces.api import run_cases as run
+from lossless_check.laws.expected import ExactLaws, first_token_law
 from lossless_check.laws.scenarios import DEFAULT, IID, Scenario
 from lossless_check.laws.stubs import fixed_logits_lm
 from lossless_check.laws.tables import FixedLogits
 from lossless_check.laws.warpers import capture_processors
+from lossless_check.modes.generate import (
+    TINY_LLAMA,
+    _setup,
+    analyse,
+    run_generate_case,
+    stopping_violation,
+    tiny_llama_pair,
+)
+from lossless_check.modes.loop_models import (
+    ASSISTED,
+    DFLASH,
+    DIFFERENT_TOKENIZERS,
+    EARLY_EXIT,
+    MTP,
+    PROMPT_LOOKUP,
+    SINGLE_POSITION,
+    UNIVERSAL,
+)
+from lossless_check.modes.observations import Generations
+from lossless_check.subjects.adapters import resolve_generator
 
 ALPHA = 1e-6
 SHIFTED_Q = "fixtures.mutants.loop_mutants:ShiftedQAfterFirstRound"

@@ -23,7 +23,8 @@ from lossless_check.modes.loop_models import (
     ASSISTED, DFLASH, DIFFERENT_TOKENIZERS, EARLY_EXIT, MTP, PROMPT_LOOKUP, SINGLE_POSITION, UNIVERSAL,
 )
 from lossless_check.modes.tiny_llama import TINY_LLAMA
-from lossless_check.faces.mutation import GREEDY_MUTANTS, run_greedy_mutant
+from lossless_check.faces.mutant_catalog import GREEDY_MUTANTS
+from lossless_check.faces.mutation import run_greedy_mutant
 from lossless_check.evidence.results import Case
 from lossless_check.laws.scenarios import DEFAULT, IID
 from lossless_check.laws.stubs import fixed_logits_lm

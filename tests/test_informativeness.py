@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from lossless_check.subjects.adapters import resolve_generator
 from lossless_check.faces.api import run_cases
-from lossless_check.faces.cli import samples_to_detect
+from lossless_check.modes.sample_size import samples_to_detect
 from lossless_check.modes.informativeness import case_informative_positions, informative_positions
 from lossless_check.evidence.results import Case, CaseResult, RunResult, decide
 from lossless_check.laws.scenarios import SCENARIOS

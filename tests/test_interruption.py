@@ -147,7 +147,7 @@ def kept_chunks(directory: Path) -> int:
 @needs(DFLASH)
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_a_split_case_killed_midway_resumes_from_its_finished_chunks(tmp_path, how):
-    """A case split across two workers (lossless_check/scheduler.py), killed about halfway through its
+    """A case split across two workers (lossless_check/running/scheduler.py), killed about halfway through its
     chunks: the finished case beside it and the split case's finished chunks are kept, and the resumed
     run ends with the uninterrupted report."""
     # The mutant first: of two cases of equal estimate the first runs whole (two cases, two workers),

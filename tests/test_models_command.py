@@ -1,41 +1,20 @@
-"""``lossless-check models`` on seeded random-initialised checkpoints saved with ``save_pretrained``.
+"""``lossless-check models`` on seeded random-initialised checkpoints saved with ``save_pretrained``
+(:mod:`fixtures.model_pair`)."""
 
-The pair: a 2-layer Llama target (V = 49,152, hidden 32) and, as its assistant, the same weights plus
-Gaussian noise of scale 0.01 (drafter/target per-position TV: median about 0.24 under top_k=50).
-"""
-
-import copy
 import json
 
 import pytest
-import torch
 
+from fixtures.model_pair import save_pair
 from lossless_check.core.exit_codes import EXIT_NOT_LOSSLESS, EXIT_OK, EXIT_USAGE
 from lossless_check.faces.cli import main
 
-VOCAB = 49_152
 MUTANT = "fixtures.mutants.assisted_raw_logits:AssistedReturnsRawLogits"
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    folder = tmp_path_factory.mktemp("pair")
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
-                         initializer_range=0.5, tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
-                         pad_token_id=None)
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        target = LlamaForCausalLM(config).eval()
-        assistant = copy.deepcopy(target)
-        with torch.no_grad():
-            for weight in assistant.parameters():
-                weight.add_(0.01 * torch.randn_like(weight))
-    target.save_pretrained(folder / "target")
-    assistant.save_pretrained(folder / "assistant")
-    return str(folder / "target"), str(folder / "assistant")
+    return save_pair(tmp_path_factory.mktemp("pair"))
 
 
 def _run(pair, tmp_path, *extra):
@@ -154,3 +133,21 @@ def test_null_runs_at_a_loose_alpha_do_not_reject(pair):
         result = lc.check_models(pair[0], pair[1], ["AssistedCandidateGenerator"], warpers="top_k=50", samples=8,
                                  alpha=0.05, seed=seed)
         assert result.rows[0].verdict == "lossless", result.rows[0].reason
+
+
+def _without_timings(report):
+    return {**report, "cases": [{k: v for k, v in c.items() if k != "seconds"} for c in report["cases"]]}
+
+
+def test_workers_give_the_same_report(pair, tmp_path):
+    """Calls spread over 2 worker processes, folded in call order: the same report as 1 worker, for a row
+    that runs all its calls and for one the bet stops early (the raw-logits mutant at alpha 0.05),
+    where calls computed past the stop are discarded."""
+    args = ("--generator", "AssistedCandidateGenerator", "--generator", MUTANT, "--samples", "10",
+            "--max-new-tokens", "16", "--alpha", "0.05")
+    serial = _run(pair, tmp_path, *args)
+    parallel = _run(pair, tmp_path, *args, "--workers", "2")
+    assert serial[0] == parallel[0] == EXIT_NOT_LOSSLESS
+    assert _without_timings(parallel[1]) == _without_timings(serial[1])
+    builtin, mutant = serial[1]["cases"]
+    assert builtin["statistical"]["calls"] == 10 and mutant["statistical"]["calls"] < 10

@@ -10,7 +10,8 @@ import math
 import pytest
 
 from fixtures.releases import needs
-from lossless_check.faces.mutation import MUTANTS, exact_tv, installed, run_mutant, samples_needed
+from lossless_check.faces.mutant_catalog import MUTANTS
+from lossless_check.faces.mutation import exact_tv, installed, run_mutant, samples_needed
 
 ALPHA = 1e-6
 EQUIVALENT_SAMPLES = 1500

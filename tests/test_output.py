@@ -123,8 +123,8 @@ def test_the_tv_column_is_the_largest_per_position_tv_beside_the_detectable_tv_t
 
 @needs(DFLASH)
 def test_an_expected_batch_1_fallback_and_a_blind_exact_pass_read_as_facts_on_a_passing_case(capsys):
-    """An honest Gumbel-max drafter (fixtures/samplers.py): its draws cannot be forced, so it runs at
-    batch 1, said as the expected fact it is (not as a row that "differs"); its exact provenance pass
+    """An honest Gumbel-max drafter whose noise is drawn position-major (fixtures/samplers.py): its
+    draws cannot be forced row by row, so it runs at batch 1, said as the expected fact it is (not as a row that "differs"); its exact provenance pass
     cannot see the sampler (a gap), said in the table's note, the summary and the gate's headline."""
     from lossless_check.faces.gate import to_markdown
     from lossless_check.modes.replay import UNFORCEABLE
@@ -134,7 +134,7 @@ def test_an_expected_batch_1_fallback_and_a_blind_exact_pass_read_as_facts_on_a_
     from lossless_check.faces.api import cases_for, run_cases
 
     # Mode "all": step with the exact provenance pass beside it (its generate-mode case left out here).
-    run = run_cases(cases_for("fixtures.samplers:GumbelDFlash", "top_k=3", None, "all", "iid8")[:1], 1000, 1e-6, 0)
+    run = run_cases(cases_for("fixtures.samplers:GumbelDFlashPositionMajor", "top_k=3", None, "all", "iid8")[:1], 1000, 1e-6, 0)
     [case] = run.cases
     assert case.verdict == "lossless" and case.batch["batch_size"] == 1, case.reason
     assert case.batch["note"] == f"batch 1: {UNFORCEABLE}" and "differs" not in case.batch["note"]
@@ -142,7 +142,7 @@ def test_an_expected_batch_1_fallback_and_a_blind_exact_pass_read_as_facts_on_a_
     print_table(run)
     out = capsys.readouterr().out
     assert out.count(BLIND) == 2 and f"1 of 1 cases with an exact pass: {BLIND}" in out  # the note, the summary
-    markdown = to_markdown(run, to_json(run), "GumbelDFlash")
+    markdown = to_markdown(run, to_json(run), "GumbelDFlashPositionMajor")
     assert "✅" in markdown and f"- 1 of 1 cases with an exact pass: {BLIND}" in markdown
 
 

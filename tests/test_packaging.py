@@ -51,4 +51,4 @@ def test_sdist_and_wheel_build_and_their_metadata_checks_out(tmp_path):
 
     with tarfile.open(sdist) as archive:
         members = {m.split("/", 1)[1] for m in archive.getnames() if "/" in m}
-    assert {"pyproject.toml", "README.md", "PKG-INFO", "lossless_check/cli.py"} <= members
+    assert {"pyproject.toml", "README.md", "PKG-INFO", "lossless_check/faces/cli.py"} <= members

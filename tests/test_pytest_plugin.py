@@ -226,3 +226,53 @@ def test_fuzz_checks_are_in_the_summary_and_the_report(pytester, monkeypatch):
     alpha = 1e-6 / 3 * 6 / math.pi**2
     assert all(c["alpha_case"] == pytest.approx(alpha) and c["samples"] == 300 for c in cases)
     assert builtin["alpha_spent"] <= alpha
+
+
+MODELS_TESTS = """
+TARGET, ASSISTANT = {target!r}, {assistant!r}
+
+
+def test_builtin_assisted_pair(lossless):
+    result = lossless.assert_models_lossless(TARGET, ASSISTANT, "AssistedCandidateGenerator", samples=2,
+                                             max_new_tokens=8)
+    assert [r.verdict for r in result.rows] == ["lossless"] and result.exit_code == 0
+
+
+def test_raw_logits_mutant_pair(lossless):
+    lossless.assert_models_lossless(TARGET, ASSISTANT, "fixtures.mutants.assisted_raw_logits:AssistedReturnsRawLogits",
+                                    samples=2, max_new_tokens=8)
+"""
+
+
+def test_a_downstream_test_checks_its_own_model_pair(pytester, tmp_path_factory, monkeypatch):
+    """``lossless.assert_models_lossless`` on a saved pair: the built-in passes; the raw-logits mutant (the
+    negative control) fails with what failed and the ``lossless-check models`` command; both rows are in
+    the terminal summary and the report, at the check's share of the session's alpha."""
+    from fixtures.model_pair import save_pair
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    target, assistant = save_pair(tmp_path_factory.mktemp("pair"))
+    pytester.makepyfile(test_own_pair=MODELS_TESTS.format(target=target, assistant=assistant))
+    report = pytester.path / "report.json"
+    result = pytester.runpytest("-p", "no:benchmark", "--lossless-report", str(report))
+    result.assert_outcomes(passed=1, failed=1)
+    alpha = 1e-6 / 2 * 6 / math.pi**2
+    result.stdout.fnmatch_lines([
+        "*_ test_raw_logits_mutant_pair _*",
+        f"the pair target {target} / assistant {assistant} is not lossless (alpha {alpha:.3g}, seed 0)",
+        "  not_lossless AssistedReturnsRawLogits [[]top_k=50[]]: exact: returned q is not the law the drafts were "
+        "drawn from at * draft tokens; first: call 1, round 1, draft position 1: *",
+        f"reproduce: lossless-check models --target {target} --assistant {assistant} --generator "
+        f"fixtures.mutants.assisted_raw_logits:AssistedReturnsRawLogits --warpers top_k=50 --max-new-tokens 8 "
+        f"--samples 2 --seed 0 --alpha {alpha!r} --device cpu",
+        "*= lossless-check: 2 checks, family alpha 1e-06, seed 0 =*",
+        f"lossless     AssistedCandidateGenerator [[]top_k=50[]] models {target} / {assistant}: exact consistent, "
+        f"16 tokens bet on, 0/4 greedy outputs differ  alpha *  test_own_pair.py::test_builtin_assisted_pair",
+        f"not_lossless AssistedReturnsRawLogits [[]top_k=50[]] models * exact inconsistent, *"
+        f"test_own_pair.py::test_raw_logits_mutant_pair",
+    ])
+    cases = json.loads(report.read_text())["cases"]
+    assert [(c["test"].split("::")[1], c["mode"], c["verdict"], c["alpha_case"]) for c in cases] == [
+        ("test_builtin_assisted_pair", "models", "lossless", alpha),
+        ("test_raw_logits_mutant_pair", "models", "not_lossless", alpha)]
+    assert cases[1]["exact"]["verdict"] == "inconsistent" and cases[1]["reproduce"].startswith("lossless-check models")

@@ -522,7 +522,7 @@ KEPT_MASS_ACCURACY = 1e-3
 
 
 def _kept_mass_error(rows: np.ndarray) -> float:
-    from lossless_check.laws.scenarios import LM_POSITIONS, LM_TOP_K, UPSTREAM_KEPT_MASS, kept_mass, quantile_levels
+    from lossless_check.laws.lm49k import LM_POSITIONS, LM_TOP_K, UPSTREAM_KEPT_MASS, kept_mass, quantile_levels
 
     wanted = np.interp(quantile_levels(LM_POSITIONS), list(UPSTREAM_KEPT_MASS), list(UPSTREAM_KEPT_MASS.values()))
     return float(np.abs(kept_mass(rows, LM_TOP_K) - wanted).max())
@@ -541,7 +541,7 @@ def test_lm49k_kept_mass_follows_the_upstream_quantiles():
 
 def test_quantile_levels_start_at_the_median_and_cover_the_grid():
     from lossless_check.core.errors import UsageError
-    from lossless_check.laws.scenarios import quantile_levels
+    from lossless_check.laws.lm49k import quantile_levels
 
     levels = quantile_levels(7)
     assert levels.tolist() == [0.5, 0.25, 0.75, 0.125, 0.625, 0.375, 0.875]

@@ -80,7 +80,7 @@ def test_a_chunks_trials_do_not_depend_on_the_chunks_collected_before():
     import numpy as np
 
     from lossless_check.running.chunks import chunk_plan
-    from lossless_check.modes.step import StepRun
+    from lossless_check.modes.step_run import StepRun
 
     [case] = cases_for(["AssistedCandidateGenerator"], ["top_k=3"], None, "step", "markov8")
     seen = StepRun(case, 1000, 0, 1e-6)

@@ -9,13 +9,29 @@ from hypothesis import strategies as st
 from scipy import stats as sps
 from scipy.special import gammaln
 
-from lossless_check.stats.l1 import _null_l1
 from lossless_check.stats import (
-    L1_BOUNDS, L1_BOUNDS_LEGACY, LR_SCALES, Stratum, binomial_mad, detectable_tv, dirichlet_log_evalue,
-    holm_correction, kt_regret, law_test, lr_detectable_tv, lr_log_evalue, lr_log_evalue_batch, lr_test,
-    mixture_log_evalues, samples_for_tv, tv_confidence_interval, verdict_detectable_tv, verdict_samples_for_tv,
+    L1_BOUNDS,
+    L1_BOUNDS_LEGACY,
+    LR_SCALES,
+    Stratum,
+    binomial_mad,
+    detectable_tv,
+    dirichlet_log_evalue,
+    holm_correction,
+    kt_regret,
+    law_test,
+    lr_detectable_tv,
+    lr_log_evalue,
+    lr_log_evalue_batch,
+    lr_test,
+    mixture_log_evalues,
+    samples_for_tv,
+    tv_confidence_interval,
+    verdict_detectable_tv,
+    verdict_samples_for_tv,
     verdict_test,
 )
+from lossless_check.stats.l1 import _null_l1
 
 P = np.array([0.3, 0.2, 0.15, 0.1, 0.1, 0.08, 0.05, 0.02])
 

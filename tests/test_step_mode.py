@@ -101,3 +101,34 @@ def test_drafts_that_stop_at_eos_are_tested_not_rejected():
     result = run([case], 2000, 1e-6, seed=0, sequential=False).cases[0]
     assert result.verdict == "lossless", result.reason
     assert not result.diagnostics and "varying length" in result.reason
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16, torch.float16), ids=str)
+def test_impossible_drafts_equal_the_full_softmax_test(dtype, monkeypatch):
+    """The shortcut (:func:`~lossless_check.modes.replay.surely_possible`) flags exactly the drafts
+    ``softmax(q) == 0`` flags, at every logit scale (underflow), with -inf, +inf and NaN rows; its
+    negative control, a shortcut that clears every draft, misses them."""
+    from lossless_check.modes import replay
+
+    generator = torch.Generator().manual_seed(0)
+    vocab, rows, gamma, prompt = 1000, 64, 4, 3
+    ids = torch.cat([torch.zeros(rows, prompt, dtype=torch.long),
+                     torch.randint(0, vocab, (rows, gamma), generator=generator)], dim=1)
+
+    def cases():
+        for scale in (1, 10, 30, 60, 100, 200):
+            logits = (torch.randn(rows, gamma, vocab, generator=generator) * scale).to(dtype)
+            logits[0, 1, ids[0, prompt + 1]] = -float("inf")
+            logits[1, 0, :] = -float("inf")
+            logits[2, 2, 5] = float("inf")
+            logits[3, 3, 7] = float("nan")
+            full = (torch.softmax(logits, dim=-1).gather(-1, ids[:, prompt:, None])[..., 0] == 0).numpy()
+            yield logits, full & (np.arange(gamma) < 3)  # lengths 3: the last draft is outside
+
+    flagged = 0
+    for logits, full in cases():
+        assert (replay.impossible_drafts(ids, logits, [3] * rows, prompt) == full).all()
+        flagged += int(full.sum())
+    assert flagged > rows
+    monkeypatch.setattr(replay, "surely_possible", lambda logits, tokens: torch.ones(tokens.shape[:-1], dtype=torch.bool))
+    assert any((replay.impossible_drafts(ids, logits, [3] * rows, prompt) != full).any() for logits, full in cases())

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from lossless_check.core.errors import UsageError
-from lossless_check.history.sweep import Failed, bisect, compat_table, parse_releases, run_in
+from lossless_check.history.bisect import Failed, bisect
+from lossless_check.history.sweep import compat_table, parse_releases, run_in
 
 ROOT = Path(__file__).resolve().parents[1]
 AVAILABLE = ["4.57.1", "5.0.0", "5.14.0", "5.14.1", "5.15.0", "5.15.1", "5.16.0", "5.24.0"]

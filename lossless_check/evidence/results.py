@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lossless_check.laws.scenarios import DEFAULT, Scenario
-from lossless_check.stats import holm_correction
 from lossless_check.laws.warpers import format_warpers
+from lossless_check.stats import holm_correction
 
 #: Power at which ``tv_detectable`` is stated.
 POWER = 0.99

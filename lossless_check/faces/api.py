@@ -16,12 +16,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable, Iterable
 
+from lossless_check.core.errors import UsageError
+from lossless_check.evidence.results import Case, CaseResult, RunResult, decide
+from lossless_check.modes import MODES, STATISTICAL_MODES, chunked_run, run_case, skip_reason
+from lossless_check.modes.informativeness import attach_plan, evidence_plan
 from lossless_check.running.chunks import CHUNK_TIMEOUT
 from lossless_check.running.engine import make_engine
-from lossless_check.core.errors import UsageError
-from lossless_check.modes.informativeness import attach_plan, evidence_plan
-from lossless_check.modes import MODES, STATISTICAL_MODES, chunked_run, run_case, skip_reason
-from lossless_check.evidence.results import Case, CaseResult, RunResult, decide
 
 #: Trials per case: position 1 then detects a TV of about 0.07 (vocabulary 8, family alpha 1e-6).
 DEFAULT_SAMPLES = 5_000
@@ -145,11 +145,11 @@ def _work_estimate(case: Case, samples: int) -> float:
 def _check_processors(cases: list[Case]) -> None:
     """Build each distinct warper stack's processors once here, so that values ``generate()``
     refuses stop the run with a usage error before any work."""
+    import torch
+
     from lossless_check.laws.scenarios import Scenario
     from lossless_check.laws.stubs import fixed_logits_lm
     from lossless_check.laws.warpers import capture_processors, format_warpers
-
-    import torch
 
     seen = set()
     for case in cases:
@@ -207,9 +207,8 @@ def cases_for(generators: Iterable[str] | str | None = None, warpers=None, matri
     (:func:`greedy_cases`): ``mode="greedy"`` runs only them; a step or all run over the whole install
     (``generators=None``: the main job) adds them.
     """
-    from lossless_check.subjects.adapters import resolve_generator
-    from lossless_check.subjects.adapters import DEFAULT_GENERATORS
     from lossless_check.laws.matrix import matrix as matrix_stacks
+    from lossless_check.subjects.adapters import DEFAULT_GENERATORS, resolve_generator
 
     if mode not in MODES:
         raise UsageError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")

@@ -18,10 +18,9 @@ import argparse
 import sys
 
 from lossless_check.core.errors import UsageError
-from lossless_check.core.exit_codes import (
-    EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NO_ANSWER, EXIT_NOT_LOSSLESS, EXIT_OK, EXIT_USAGE,
-)
+from lossless_check.core.exit_codes import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NOT_LOSSLESS, EXIT_OK, EXIT_USAGE
 from lossless_check.core.options import positive_int, probability
+from lossless_check.modes.sample_size import samples_to_detect
 from lossless_check.running.ray_backend import check_backend
 
 #: Trials per case: position 1 then detects a TV of about 0.07 (vocabulary 8, family alpha 1e-6).
@@ -133,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     mutants.add_argument("--alpha", type=probability, default=1e-6)
     mutants.add_argument("--seed", type=int, default=0)
     mutants.add_argument("--json", metavar="PATH")
-    from lossless_check.history.sweep import add_history_commands
+    from lossless_check.faces.history_command import add_history_commands
 
     add_history_commands(sub, MATRICES, DEFAULT_SCENARIO, DEFAULT_SAMPLES)
     from lossless_check.faces.fuzz_command import add_fuzz_command
@@ -149,8 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _precheck(args) -> None:
     """What can be checked without torch or transformers: generator names and warper syntax."""
-    from lossless_check.subjects.builtin import BUILTIN_GENERATORS
     from lossless_check.laws.warpers import split_warpers
+    from lossless_check.subjects.builtin import BUILTIN_GENERATORS
 
     for spec in ([args.generator] if isinstance(args.generator, str) else args.generator or []):
         if ":" not in spec.strip() and spec.strip() not in BUILTIN_GENERATORS:
@@ -188,56 +187,11 @@ def _cases(args):
     return cases_for(args.generator, args.warpers, args.matrix, args.mode, args.scenario, args.max_new_tokens)
 
 
-def samples_to_detect(cases, tv: float, alpha: float, max_new_tokens: int = 4, sequential: bool = False) -> int:
-    """Samples per case so that each statistical case detects ``tv`` at position 1 with power 0.99.
-
-    The run's alpha is split over the cases that can give evidence (not skipped, not vacuous by the
-    exact laws), as :func:`~lossless_check.faces.api.run_cases` splits it.
-
-    A sequential run gives its fixed-sample test half of each case's alpha (the anytime test has the
-    other half), and a clean case stops exactly there. A batched step case's guarantee for batch-1
-    calls adds what its replays leave unproven (:func:`~lossless_check.modes.replay.replay_detectable_tv`),
-    and its replays grow with its trials: the smallest count where the sum is at most ``tv``.
-    """
-    from lossless_check.evidence.analysis import tested_cells
-    from lossless_check.modes.informativeness import evidence_plan
-    from lossless_check.modes import skip_reason
-    from lossless_check.modes.batching import STAGE_POWER
-    from lossless_check.modes.replay import replay_detectable_tv, total_replays
-    from lossless_check.evidence.results import POWER
-    from lossless_check.stats import verdict_detectable_tv, verdict_samples_for_tv
-
-    statistical = [c for c in cases if c.mode not in ("provenance", "greedy")] or cases
-    positions = max(max_new_tokens if c.mode == "generate" else c.scenario.gamma + 1 for c in statistical)
-    vocab = max(tested_cells(c.scenario.vocab_size) for c in statistical)
-    # As run_cases splits the alpha: over the cases that can give evidence.
-    sharing = sum(i != [] and skip_reason(c) is None for c, i in zip(statistical, evidence_plan(statistical)))
-    alpha_position = alpha / max(1, sharing) / positions / (2 if sequential else 1)
-    samples = verdict_samples_for_tv(tv, vocab, alpha_position, POWER)
-    if not any(c.mode in ("step", "all") for c in statistical):
-        return samples
-
-    def detectable(n: int) -> float:
-        # A batched case states its figure at STAGE_POWER (it may also move to a batch-1 stage).
-        return (verdict_detectable_tv([n], vocab, None, alpha_position, STAGE_POWER)
-                + replay_detectable_tv(total_replays(n), STAGE_POWER))
-
-    low, high = samples - 1, samples
-    while detectable(high) > tv:
-        low, high = high, 2 * high
-    while high - low > 1:
-        mid = (low + high) // 2
-        low, high = (low, mid) if detectable(mid) <= tv else (mid, high)
-    return high
-
-
 def _run(args) -> int:
-    from lossless_check.faces.api import run_cases
-    from lossless_check.running.progress import progress_reporter
+    from lossless_check.faces.api import RunInterrupted, run_cases
     from lossless_check.outputs.report import print_table, write_json
-
-    from lossless_check.faces.api import RunInterrupted
     from lossless_check.running.journal import Journal, journal_for, run_identity
+    from lossless_check.running.progress import progress_reporter
 
     cases = _cases(args)
     sequential = not args.fixed
@@ -295,10 +249,9 @@ def _gate(args) -> int:
 
     from rich.console import Console
 
+    from lossless_check.faces.api import RunInterrupted
     from lossless_check.faces.gate import gate
     from lossless_check.running.progress import progress_reporter
-
-    from lossless_check.faces.api import RunInterrupted
 
     try:
         with progress_reporter(None, args.quiet) as advance:
@@ -321,8 +274,8 @@ def _gate(args) -> int:
 
 def _verifier(args) -> int:
     """Exit 0 when the installed verifier passes every exact check, 1 on a defect."""
-    from lossless_check.subjects.verifier import verify
     from lossless_check.outputs.verifier_report import print_verifier, write_verifier_json
+    from lossless_check.subjects.verifier import verify
 
     report = verify()
     print_verifier(report)
@@ -335,9 +288,9 @@ def _mutants(args) -> int:
     """Exit 0 when every bug mutant is caught and every equivalent one passes, else 1."""
     import json
 
-    from lossless_check.faces.mutation import mutation_report, print_mutation_report
-
     from rich.console import Console
+
+    from lossless_check.faces.mutation import mutation_report, print_mutation_report
 
     rows = mutation_report(args.samples, args.seed, args.alpha)
     print_mutation_report(rows, Console(width=None if sys.stdout.isatty() else 200))
@@ -362,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
 
             precheck_models(args)
         elif args.command in ("sweep", "bisect"):
-            from lossless_check.history.sweep import check_history_paths
+            from lossless_check.faces.history_command import check_history_paths
 
             check_history_paths(args, _precheck)
         if args.command in ("run", "gate", "fuzz", "sweep"):
@@ -388,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "repro":
             return _repro(args)
         if args.command in ("sweep", "bisect"):
-            from lossless_check.history.sweep import history_command
+            from lossless_check.faces.history_command import history_command
 
             return history_command(args)
         if args.command == "fuzz":

@@ -77,7 +77,7 @@ def resolve_families(generators) -> list:
 
 def check_models(target: str, assistant: str, generators=None, warpers=None, prompts: str | None = None,
                  max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, samples: int = DEFAULT_SAMPLES,
-                 alpha: float = DEFAULT_ALPHA, seed: int = 0, device: str = "cpu") -> ModelsResult:
+                 alpha: float = DEFAULT_ALPHA, seed: int = 0, device: str = "cpu", workers: int = 1) -> ModelsResult:
     """Check speculative decoding with the user's own pair: ``target`` and ``assistant`` are local
     ``save_pretrained`` folders (loaded with ``local_files_only=True``).
 
@@ -85,30 +85,40 @@ def check_models(target: str, assistant: str, generators=None, warpers=None, pro
     PromptLookupCandidateGenerator); ``warpers``: spec strings or dicts (default :data:`DEFAULT_WARPERS`);
     ``prompts``: a file, one prompt per line (text through the target's tokenizer when its folder has
     one, else space-separated token ids), default seeded random ids; ``samples``: most sampling
-    ``generate()`` calls per row. A lossless pair is reported ``not_lossless`` with probability at most
-    ``alpha``; the exact and greedy checks never fail a lossless pair.
+    ``generate()`` calls per row; ``workers``: processes the calls are spread over (each loads the
+    pair; the report is the same for any number). A lossless pair is reported ``not_lossless`` with
+    probability at most ``alpha``; the exact and greedy checks never fail a lossless pair.
     """
     from lossless_check.faces.api import _stacks
+    from lossless_check.running.engine import make_engine
     from lossless_check.modes.models.loading import (
-        check_checkpoint_dir, check_prompts_file, load_model, load_tokenizer, read_prompts,
+        check_checkpoint_dir, check_prompts_file, load_pair, load_tokenizer, read_prompts,
     )
-    from lossless_check.modes.models.pair import check_row
+    from lossless_check.modes.models.pair import RowSettings, check_row
 
     check_checkpoint_dir(target, "--target")
     check_checkpoint_dir(assistant, "--assistant")
     check_prompts_file(prompts)
+    _positive("workers", workers)
     resolved = resolve_families(generators)
     stacks = _stacks(warpers if warpers else list(DEFAULT_WARPERS))
-    target_model = load_model(target, device, "--target")
-    assistant_model = load_model(assistant, device, "--assistant")
+    target_model, _ = load_pair(target, assistant, device)
     vocab = target_model.get_output_embeddings().weight.shape[0]
-    prompt_ids = read_prompts(prompts, load_tokenizer(target), vocab, seed)
+    prompt_ids = tuple(tuple(p) for p in read_prompts(prompts, load_tokenizer(target), vocab, seed))
     alpha_row = alpha / (len(resolved) * len(stacks))
-    rows = [check_row(target_model, assistant_model, g, stack, prompt_ids, max_new_tokens, samples, alpha_row, seed)
-            for g in resolved for stack in stacks]
+    with make_engine(workers) as engine:
+        rows = [check_row(engine, RowSettings(target, assistant, device, g.spec, tuple(stack.items()), prompt_ids,
+                                              max_new_tokens, seed), g, samples, alpha_row)
+                for g in resolved for stack in stacks]
     return ModelsResult(rows, alpha, seed, {"target": target, "assistant": assistant, "device": device,
+                                            "generators": [g.spec for g in resolved] if generators else None,
                                             "max_new_tokens": max_new_tokens, "samples": samples,
                                             "prompts": prompts or "built-in"})
+
+
+def _positive(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise UsageError(f"{name} must be a positive integer, got {value!r}")
 
 
 __all__ = ["DEFAULT_ALPHA", "ModelsResult", "check_models"]

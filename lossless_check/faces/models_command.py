@@ -28,6 +28,9 @@ def add_models_command(sub) -> None:
                         help="family-wise false-failure rate (default 1e-6)")
     models.add_argument("--seed", type=int, default=0)
     models.add_argument("--device", default="cpu", help="torch device of both models (default cpu)")
+    models.add_argument("--workers", type=positive_int, default=1, metavar="W",
+                        help="processes the sampling calls are spread over, each loading the pair (default 1; "
+                             "the same seed gives the same report for any W)")
     models.add_argument("--json", metavar="PATH", help="write the report here")
 
 
@@ -54,8 +57,47 @@ def models_command(args) -> int:
     from lossless_check.faces.models import check_models
 
     result = check_models(args.target, args.assistant, args.generator, args.warpers, args.prompts,
-                          args.max_new_tokens, args.samples, args.alpha, args.seed, args.device)
+                          args.max_new_tokens, args.samples, args.alpha, args.seed, args.device, args.workers)
     print(result.table())
     if args.json:
         write_atomically(args.json, json.dumps(result.to_dict(), indent=2, default=str) + "\n")
     return result.exit_code
+
+
+def reproduce_models_command(result) -> str:
+    """The ``lossless-check models`` command that repeats a :class:`~lossless_check.faces.models.ModelsResult`:
+    the same pair, generators, stacks, prompts, seed and alpha, so the same data and verdicts."""
+    import shlex
+
+    s = result.settings
+    args = ["lossless-check", "models", "--target", s["target"], "--assistant", s["assistant"]]
+    for spec in s.get("generators") or []:
+        args += ["--generator", spec]
+    for stack in dict.fromkeys(r.warpers for r in result.rows):
+        args += ["--warpers", stack]
+    if s["prompts"] != "built-in":
+        args += ["--prompts", s["prompts"]]
+    args += ["--max-new-tokens", str(s["max_new_tokens"]), "--samples", str(s["samples"]), "--seed",
+             str(result.seed), "--alpha", repr(result.alpha), "--device", s["device"]]
+    return shlex.join(args)
+
+
+def models_record(row, result, test: str, check: int, command: str) -> dict:
+    """One row of a plugin's models check as a ``--lossless-report`` case (``mode`` ``models``): the row's
+    JSON, the report's case keys that mean nothing here set to ``None``, and the plugin's keys."""
+    return {"scenario": None, "tv": None, "tv_detectable": None, "p_value": None, "acceptance_rate": None,
+            "expected_acceptance_rate": None, **row.to_dict(), "alpha_case": result.alpha,
+            "target": result.settings["target"], "assistant": result.settings["assistant"], "test": test,
+            "check": check, "generator_spec": row.generator, "reproduce": command}
+
+
+def models_failure_message(result, command: str) -> str:
+    """Why a models check is not lossless: every row that is not, with what failed, then the command."""
+    s = result.settings
+    lines = [f"the pair target {s['target']} / assistant {s['assistant']} is not lossless "
+             f"(alpha {result.alpha:.3g}, seed {result.seed})"]
+    for row in result.rows:
+        if row.verdict in ("not_lossless", "error"):
+            lines.append(f"  {row.verdict} {row.generator} [{row.warpers}]: {row.reason}")
+    lines.append(f"reproduce: {command}")
+    return "\n".join(lines)

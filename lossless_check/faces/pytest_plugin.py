@@ -251,6 +251,48 @@ class Lossless:
             pytest.fail(failure_message(result, command), pytrace=False)
         return result
 
+    def check_models(self, target: str, assistant: str, generators=None, warpers=None, prompts: str | None = None,
+                     max_new_tokens: int | None = None, samples: int | None = None, device: str = "cpu",
+                     workers: int = 1):
+        """Check the test's own model pair (:func:`lossless_check.check_models`) as one check of this test:
+        its rows share this check's share of the session's alpha. Returns the
+        :class:`~lossless_check.faces.models.ModelsResult`, recorded for the terminal summary and
+        ``--lossless-report`` (one case per row, ``mode`` ``models``).
+
+        ``samples`` is the most sampling ``generate()`` calls per row (default
+        :data:`lossless_check.faces.models.DEFAULT_SAMPLES`), not ``--lossless-samples`` (trials of a step
+        check); the seed is the marker's, else ``--lossless-seed``.
+        """
+        from lossless_check.faces.models import DEFAULT_MAX_NEW_TOKENS, DEFAULT_SAMPLES, check_models
+        from lossless_check.faces.models_command import models_record, reproduce_models_command
+
+        alpha = self._next_alpha()
+        specs = None if generators is None else [_spec(g) for g in
+                                                  ([generators] if isinstance(generators, (str, type)) else generators)]
+        max_new_tokens = DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens
+        samples = DEFAULT_SAMPLES if samples is None else samples
+        result = check_models(target, assistant, specs, warpers, prompts, max_new_tokens, samples, alpha,
+                              self._seed, device, workers)
+        command = reproduce_models_command(result)
+        self._state.records += [models_record(row, result, self._nodeid, self._checks, command) for row in result.rows]
+        return result
+
+    def assert_models_lossless(self, target: str, assistant: str, generators=None, warpers=None,
+                               prompts: str | None = None, max_new_tokens: int | None = None,
+                               samples: int | None = None, device: str = "cpu", workers: int = 1):
+        """:meth:`check_models`, then fail the test unless every row is ``lossless``: the message names each
+        failing generator and stack, which of the exact, statistical and greedy checks failed and by how
+        much, and the ``lossless-check models`` command that repeats the check. Every row skipped skips."""
+        from lossless_check.faces.models_command import models_failure_message, reproduce_models_command
+
+        result = self.check_models(target, assistant, generators, warpers, prompts, max_new_tokens, samples,
+                                   device, workers)
+        if result.rows and all(r.verdict == "skipped" for r in result.rows):
+            pytest.skip("; ".join(r.reason for r in result.rows))
+        if result.exit_code:
+            pytest.fail(models_failure_message(result, reproduce_models_command(result)), pytrace=False)
+        return result
+
     def fuzz(self, generator: str | type, examples: int | None = None, samples: int | None = None,
              scenario: str | None = None, database: str | None = None):
         """Fuzz ``generator`` over random warper stacks (:func:`lossless_check.faces.fuzzing.fuzz`) as one check of

@@ -35,7 +35,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+#: The lossless_check package directory (this module is in its history/ layer).
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
 #: Written last when an environment is built: a folder without it is a build that did not finish.
 BUILT = "lossless-check-built"
 _checked: set[Path] = set()

@@ -31,8 +31,8 @@ import torch
 
 from lossless_check.core.errors import PlainSamplingFails
 from lossless_check.laws.scenarios import Scenario
-from lossless_check.stats import AcceptanceLaw
 from lossless_check.laws.tables import FixedLogits
+from lossless_check.stats import AcceptanceLaw
 
 #: Acceptance-law enumeration visits at most this many drafted prefixes.
 MAX_ENUMERATED_PREFIXES = 50_000

@@ -19,7 +19,6 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-
 #: Token used as end-of-sequence by the entries that need one (min_new_tokens, length penalty).
 EOS = 5
 

@@ -58,9 +58,9 @@ def probe(case: Case, timeout: float = 600.0) -> str | None:
     """
     from dataclasses import replace
 
-    from lossless_check.running.chunks import deadline
     from lossless_check.core.errors import GeneratorFailure, NotApplicable
     from lossless_check.modes.step import StepCase
+    from lossless_check.running.chunks import deadline
 
     key = (case.generator.spec, id(case.scenario))
     if _PROBED.get(key, (None,))[0] is not case.scenario:
@@ -84,7 +84,8 @@ def run_case(case: Case, samples: int, seed: int, alpha_case: float, sequential:
     there, and read back the chunks an interrupted run kept instead of collecting them again.
     """
     if case.mode in ("step", "all"):
-        from lossless_check.modes.step import BATCH_SIZE, run_step_case
+        from lossless_check.modes.step import BATCH_SIZE
+        from lossless_check.modes.step_run import run_step_case
 
         return run_step_case(case, samples, seed, alpha_case, sequential, timeout,
                              BATCH_SIZE if batch_size is None else batch_size, store)
@@ -115,7 +116,9 @@ def chunked_run(case: Case, samples: int, seed: int, alpha_case: float, sequenti
     """
     if case.mode not in ("step", "all"):
         return None
-    from lossless_check.modes.step import BATCH_SIZE, StepRun, skip_reason as step_skip
+    from lossless_check.modes.step import BATCH_SIZE
+    from lossless_check.modes.step import skip_reason as step_skip
+    from lossless_check.modes.step_run import StepRun
 
     if step_skip(case) is not None:
         return None

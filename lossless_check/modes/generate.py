@@ -43,20 +43,21 @@ import numpy as np
 import torch
 
 from lossless_check.core.compat import generator_processors, loop_eos, release_warpers
+from lossless_check.core.errors import GeneratorFailure
+from lossless_check.evidence.analysis import position_tests, sequential_evidence, stop_sequentially, strata
+from lossless_check.evidence.attribution import attribute, watching_verifier, without
+from lossless_check.evidence.results import Case, CaseResult, one_line
+from lossless_check.laws.expected import ExactLaws, GreedyLaws, processed
+from lossless_check.laws.stubs import fixed_logits_lm
+from lossless_check.laws.warpers import capture_processors
+from lossless_check.modes import loop_models
+from lossless_check.modes.observations import Generations
+from lossless_check.modes.tiny_llama import TINY_LLAMA, TinyLlamaScenario, tiny_llama_pair
+from lossless_check.running.chunks import guarded, kept, run_in_chunks, within_deadline
+from lossless_check.stats import Stratum
 from lossless_check.subjects.adapters import DraftContext
 from lossless_check.subjects.adapters.base import constant_drafts
-from lossless_check.evidence.attribution import attribute, watching_verifier, without
-from lossless_check.evidence.analysis import position_tests, sequential_evidence, stop_sequentially, strata
-from lossless_check.running.chunks import guarded, kept, run_in_chunks, within_deadline
-from lossless_check.core.errors import GeneratorFailure
-from lossless_check.laws.expected import ExactLaws, GreedyLaws, processed
-from lossless_check.evidence.results import Case, CaseResult, one_line
-from lossless_check.stats import Stratum
-from lossless_check.laws.stubs import fixed_logits_lm
 from lossless_check.subjects.adapters.mtp import _quiet_loading
-from lossless_check.modes import loop_models
-from lossless_check.modes.tiny_llama import TINY_LLAMA, TinyLlamaScenario, tiny_llama_pair
-from lossless_check.laws.warpers import capture_processors
 
 #: Laws are functions of the generated prefix: ``law(prefix)`` is ``p(. | prompt + prefix)``.
 Law = Callable[[tuple[int, ...]], np.ndarray]
@@ -83,48 +84,6 @@ class GenerateCaseResult(CaseResult):
             parts.append(f"{self.stopping_violations} outputs break the length/EOS rules of plain sampling")
         parts.append(f"{self.mean_rounds:.2f} rounds and {self.mean_new_tokens:.2f} tokens per generate() call")
         return "; ".join(p for p in parts if p)
-
-
-@dataclass
-class Generations:
-    """What the generate() calls emitted. ``emitted[t, k]`` is -1 past the end of sample ``t``;
-    ``violates[t]``: sample ``t`` breaks the length/EOS rules of plain sampling."""
-
-    emitted: np.ndarray
-    rounds: np.ndarray
-    violates: np.ndarray
-    seconds: float
-    # ``aside[t]``: the output position of a draft the verifier accepted with its own p = 0 in sample
-    # ``t`` (:func:`~lossless_check.evidence.attribution.watching_verifier`), else -1.
-    aside: np.ndarray | None = None
-
-    def __post_init__(self):
-        if self.aside is None:
-            self.aside = np.full(len(self.rounds), -1, dtype=np.int64)
-
-    @property
-    def stopping_violations(self) -> int:
-        return int(self.violates.sum())
-
-    @classmethod
-    def concatenate(cls, parts: list["Generations"]) -> "Generations":
-        arrays = {f: np.concatenate([getattr(p, f) for p in parts]) for f in ("emitted", "rounds", "violates", "aside")}
-        return cls(**arrays, seconds=sum(p.seconds for p in parts))
-
-    def head(self, trials: int) -> "Generations":
-        """The first ``trials`` samples (their share of the time)."""
-        share = trials / len(self.rounds) if len(self.rounds) else 0.0
-        return Generations(self.emitted[:trials], self.rounds[:trials], self.violates[:trials], self.seconds * share,
-                           self.aside[:trials])
-
-    def before_eos(self, eos: frozenset[int]) -> np.ndarray:
-        """``emitted`` with every token after an EOS blanked (-1): plain sampling has no law there, and
-        the stopping check already counts such samples."""
-        emitted = self.emitted.copy()
-        if eos:
-            stopped = np.cumsum(np.isin(emitted, list(eos)), axis=1) > 0
-            emitted[:, 1:][stopped[:, :-1]] = -1
-        return emitted
 
 
 class _ModelLaws:

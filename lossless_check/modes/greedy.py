@@ -44,11 +44,11 @@ import numpy as np
 import torch
 
 from lossless_check.core.compat import release_warpers
-from lossless_check.running.chunks import deadline, guarded
 from lossless_check.core.errors import PlainSamplingFails, Timeout
 from lossless_check.evidence.results import Case, CaseResult, one_line
 from lossless_check.laws.matrix import EOS
 from lossless_check.laws.warpers import capture_processors, format_warpers
+from lossless_check.running.chunks import deadline, guarded
 
 #: The catalog options that change greedy decoding (the sampling warpers do not apply to it).
 GREEDY_OPTIONS = ("repetition_penalty", "no_repeat_ngram_size", "bad_words_ids", "sequence_bias", "suppress_tokens",
@@ -186,9 +186,9 @@ def compare(case: Case, seed: int, timeout: float = 600.0) -> tuple[list[Compari
     """
     from transformers import GenerationConfig
 
-    from lossless_check.subjects.adapters.mtp import _quiet_loading
     from lossless_check.modes.generate import _setup
     from lossless_check.modes.tiny_llama import TinyLlamaScenario
+    from lossless_check.subjects.adapters.mtp import _quiet_loading
 
     setup = _setup(replace(case, mode="generate"), max(LENGTHS))
     defaults = GenerationConfig()

@@ -82,9 +82,9 @@ def _step_laws(scenario, warpers: dict):
     import torch
 
     from lossless_check.laws.expected import ExactLaws
-    from lossless_check.modes.step import STEP_MAX_NEW_TOKENS
     from lossless_check.laws.stubs import fixed_logits_lm
     from lossless_check.laws.warpers import capture_processors
+    from lossless_check.modes.step import STEP_MAX_NEW_TOKENS
 
     target = fixed_logits_lm(scenario.target, prompt_length=len(scenario.prompt))
     processors, _ = capture_processors(target, torch.tensor([scenario.prompt], dtype=torch.long), warpers,
@@ -97,9 +97,9 @@ def _generate_laws(case):
     import torch
 
     from lossless_check.laws.expected import ExactLaws
-    from lossless_check.modes.generate import TinyLlamaScenario, _ModelLaws, tiny_llama_pair
     from lossless_check.laws.stubs import fixed_logits_lm
     from lossless_check.laws.warpers import capture_processors
+    from lossless_check.modes.generate import TinyLlamaScenario, _ModelLaws, tiny_llama_pair
 
     scenario = case.scenario
     llama = isinstance(scenario, TinyLlamaScenario)

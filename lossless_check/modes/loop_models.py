@@ -46,6 +46,7 @@ import torch
 from transformers import GenerationMixin
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from lossless_check.laws.stubs import FixedLogitsLM, fixed_logits_lm
 from lossless_check.subjects.adapters import DraftContext
 from lossless_check.subjects.adapters.base import constant_drafts
 from lossless_check.subjects.adapters.dflash import dflash_drafter_for
@@ -55,7 +56,6 @@ from lossless_check.subjects.adapters.early_exit import (
 from lossless_check.subjects.adapters.mtp import FixedLogitsMtpLM, _quiet_loading, mtp_target_for
 from lossless_check.subjects.adapters.single_position import FixedLogitsGemma4AssistantStub
 from lossless_check.subjects.adapters.vocabularies import assistant_lm, tokenizer_pair
-from lossless_check.laws.stubs import FixedLogitsLM, fixed_logits_lm
 
 ASSISTED = "AssistedCandidateGenerator"
 PROMPT_LOOKUP = "PromptLookupCandidateGenerator"

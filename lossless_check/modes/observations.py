@@ -1,4 +1,5 @@
-"""What step-mode trials emit, as arrays the analysis reads."""
+"""What the trials of the statistical modes emit, as arrays the analysis reads: step mode's
+:class:`Observations` and generate mode's :class:`Generations`."""
 
 from __future__ import annotations
 
@@ -51,3 +52,45 @@ class Observations:
 def widen(emitted: np.ndarray, width: int) -> np.ndarray:
     """``emitted`` padded with -1 (nothing emitted) to ``width`` columns."""
     return np.pad(emitted, ((0, 0), (0, width - emitted.shape[1])), constant_values=-1)
+
+
+@dataclass
+class Generations:
+    """What the generate() calls emitted. ``emitted[t, k]`` is -1 past the end of sample ``t``;
+    ``violates[t]``: sample ``t`` breaks the length/EOS rules of plain sampling."""
+
+    emitted: np.ndarray
+    rounds: np.ndarray
+    violates: np.ndarray
+    seconds: float
+    # ``aside[t]``: the output position of a draft the verifier accepted with its own p = 0 in sample
+    # ``t`` (:func:`~lossless_check.evidence.attribution.watching_verifier`), else -1.
+    aside: np.ndarray | None = None
+
+    def __post_init__(self):
+        if self.aside is None:
+            self.aside = np.full(len(self.rounds), -1, dtype=np.int64)
+
+    @property
+    def stopping_violations(self) -> int:
+        return int(self.violates.sum())
+
+    @classmethod
+    def concatenate(cls, parts: list["Generations"]) -> "Generations":
+        arrays = {f: np.concatenate([getattr(p, f) for p in parts]) for f in ("emitted", "rounds", "violates", "aside")}
+        return cls(**arrays, seconds=sum(p.seconds for p in parts))
+
+    def head(self, trials: int) -> "Generations":
+        """The first ``trials`` samples (their share of the time)."""
+        share = trials / len(self.rounds) if len(self.rounds) else 0.0
+        return Generations(self.emitted[:trials], self.rounds[:trials], self.violates[:trials], self.seconds * share,
+                           self.aside[:trials])
+
+    def before_eos(self, eos: frozenset[int]) -> np.ndarray:
+        """``emitted`` with every token after an EOS blanked (-1): plain sampling has no law there, and
+        the stopping check already counts such samples."""
+        emitted = self.emitted.copy()
+        if eos:
+            stopped = np.cumsum(np.isin(emitted, list(eos)), axis=1) > 0
+            emitted[:, 1:][stopped[:, :-1]] = -1
+        return emitted

@@ -21,10 +21,11 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from lossless_check.subjects.candidates import check_candidates
 from lossless_check.core.errors import GeneratorFailure, NotApplicable
 from lossless_check.evidence.results import Case, CaseResult, one_line
 from lossless_check.modes.interception import ARGMAX, NOISE, SAMPLE, TOLERANCE, WITHOUT_REPLACEMENT, Draw, Interception
+from lossless_check.subjects.candidates import check_candidates
+
 
 def match_draws(draws: list[Draw], drafts: list[int]) -> list[Draw] | str:
     """The draw that produced each draft token, in order, or the reason no unambiguous match exists.

@@ -1,7 +1,7 @@
 """Where a batched case's draws come from: randomness the batch-1 replays cannot see.
 
 A replay (:mod:`.replay`) forces every vocabulary-wide ``torch.multinomial`` of a batch-1 call to
-the token the batched call drew for that row, and so proves what a batch-1 call returns *given*
+the token the batched call drew for that row (and its vocabulary-wide noise to the row's), and so proves what a batch-1 call returns *given*
 those draws. That speaks for the real loop only if a real batch-1 call's draws are fresh draws,
 from torch's global stream, from the laws the generator hands the sampler: a generator that seeds,
 restores or privately generates its randomness during a call (``torch.manual_seed``, a re-seeded
@@ -23,15 +23,21 @@ only moves it to batch 1, where the real loop's own behaviour is tested):
 
 What remains assumed: that a generator whose calls pass both is drawing, at batch 1, as the batched
 rows' forced replays do: e.g. randomness from outside torch (``random``, ``numpy``) that only changes
-which law a draw is taken from is not seen by either check.
+which law a draw is taken from is not seen by either check. A sampler that draws by noise (Gumbel-max,
+an exponential race) makes no ``torch.multinomial`` draw for the e-value to test: for it, beside
+:class:`RandomnessWatch`, the unforced calls' noise tensors must all differ (:func:`repeated_noise`:
+noise reused across calls); that it is otherwise fresh (e.g. not a function of the prompt) is assumed.
 """
 
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import numpy as np
 import torch
+
+from lossless_check.modes.replay import BatchMismatch
 
 #: Unforced batch-1 calls whose draws :func:`fresh_draws_evalue` tests, in a batched case's first chunk.
 FRESH_CALLS = 40
@@ -135,3 +141,27 @@ def fresh_draws_evalue(calls: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
     if not tokens:
         return 0.0
     return float(mixture_log_evalues(np.array(ids), np.array(tokens), laws)[-1])
+
+
+@contextmanager
+def watched_randomness():
+    """Raise :class:`~.replay.BatchMismatch` when the calls made inside seed, restore or privately
+    generate randomness (:class:`~.randomness.RandomnessWatch`): the replays would not see it."""
+    with RandomnessWatch() as watch:
+        yield
+    if watch.seen:
+        raise BatchMismatch(f"the generator {watch.seen[0]} during get_candidates: its batch-1 draws may not be "
+                            f"the fresh draws the forced replays stand for")
+
+
+def repeated_noise(noise: list[torch.Tensor]) -> bool:
+    """Whether two of the vocabulary-wide noise tensors of unforced calls are equal: fresh noise of ``V``
+    continuous draws a tensor repeats with probability far below any level used here (two float32
+    exponential draws coincide with probability about ``2**-23``; a tensor holds at least 8)."""
+    seen: set[bytes] = set()
+    for tensor in noise:
+        key = tensor.numpy().tobytes() + str(tuple(tensor.shape)).encode()
+        if key in seen:
+            return True
+        seen.add(key)
+    return False

@@ -14,11 +14,17 @@ provenance's :data:`~lossless_check.modes.interception.TOLERANCE` in total varia
 - return the row's ``softmax(candidate_logits)`` at every draft position (the verifier sees only the
   softmax, so a constant added to the logits is the same q).
 
+Vocabulary-wide random noise (``torch.rand``, ``rand_like``, ``Tensor.uniform_``, ``exponential_``
+over the vocabulary: Gumbel-max sampling, an exponential race) is forced the same way: the replay's
+``i``-th noise tensor, of shape ``(1, ...)``, is overwritten with row ``r`` of the batched call's
+``i``-th, of shape ``(rows, ...)`` (each element an independent draw, so a row's slice is distributed
+as the fresh noise of a batch-1 call, as a forced token is a draw from the row's law).
+
 A difference anywhere raises :class:`BatchMismatch`, and the case runs at batch 1. So does a row
-that cannot be replayed: a sampler drawing several tokens per row, or drafts drawn otherwise (e.g.
-Gumbel-max noise), which the replay cannot force and so drafts afresh: its drafts differ from the
-row's at once, or, if every replay happens to coincide, drafts that are deterministic given the
-draws seen.
+that cannot be replayed: a sampler drawing several tokens per row, noise whose shape is not the
+batched call's with one row, or drafts drawn otherwise (e.g. noise not over the vocabulary), which
+the replay cannot force and so drafts afresh: its drafts differ from the row's at once, or, if every
+replay happens to coincide, drafts that are deterministic given the draws seen.
 
 **What a clean replay proves** (:func:`replay_detectable_tv`). Couple a batch-1 call with a batched
 row through the same draws wherever their laws agree: the two emit the same tokens unless the
@@ -36,8 +42,8 @@ coupling bounds the law of a whole round: a bug confined to rounds that reach po
 (probability ``pi_j``) may move position ``j``'s conditional law by up to 1 while a replay sees it
 with probability ``pi_j``, so nothing is stated past position 1 (:meth:`~.step.StepCase._batch_1_guarantee`).
 A replay has no false failure (a mismatch never fails a case; it only moves it to batch 1).
-It assumes a batch-1 call's draws are fresh draws from torch's global stream, which the forced
-draws stand for: :mod:`.randomness` checks what it can of that.
+It assumes a batch-1 call's draws (and noise) are fresh draws from torch's global stream, which the
+forced draws stand for: :mod:`.randomness` checks what it can of that.
 """
 
 from __future__ import annotations
@@ -47,10 +53,10 @@ import math
 import numpy as np
 import torch
 
-from lossless_check.running.chunks import chunk_sizes
 from lossless_check.core.errors import GeneratorFailure
 from lossless_check.evidence.results import POWER
-from lossless_check.modes.interception import NOISE, TOLERANCE, Interception, call_argument
+from lossless_check.modes.interception import TOLERANCE, Interception, call_argument
+from lossless_check.running.chunks import chunk_sizes
 
 #: A batched case replays this share of its trials at batch 1 (at least :data:`MIN_REPLAYS`): 200 of
 #: 5,000, which adds ln(200) / 200 = 0.0265 to the case's ``tv_detectable`` (at the stage power 0.995). A replay costs about as
@@ -59,10 +65,11 @@ REPLAY_SHARE = 0.04
 MIN_REPLAYS = 100
 
 
-#: Why a sampler that draws vocabulary-wide noise runs at batch 1: an expected fallback, not a finding.
-UNFORCEABLE = ("its drafts draw vocabulary-wide random noise (e.g. Gumbel-max or an exponential race), which a "
-               "batch-1 replay cannot force, so every trial is a batch-1 call, as in the real loop (expected for "
-               "such samplers)")
+#: Why a sampler whose vocabulary-wide noise cannot be forced row by row runs at batch 1: an expected
+#: fallback, not a finding.
+UNFORCEABLE = ("its drafts draw vocabulary-wide random noise (e.g. Gumbel-max or an exponential race) in a shape "
+               "that a batch-1 replay cannot force row by row, so every trial is a batch-1 call, as in the real "
+               "loop (expected for such samplers)")
 
 
 class BatchMismatch(Exception):
@@ -71,16 +78,25 @@ class BatchMismatch(Exception):
 
 class SamplerLog(Interception):
     """The vocabulary-wide ``torch.multinomial`` calls made while active: ``calls[i]`` is
-    ``(probability rows, tokens drawn)`` of the ``i``-th, and :attr:`noisy` says whether vocabulary-wide
-    random noise was drawn (Gumbel-max sampling, which cannot be forced; or merely a weight init).
+    ``(probability rows, tokens drawn)`` of the ``i``-th.
 
     With ``force``, call ``i`` of a one-row, one-token draw returns ``force[i]`` instead of what it
-    drew (the original sampler still runs first, so the random stream advances as it would).
+    drew (the original sampler still runs first, so the random stream advances as it would). With
+    ``keep``, :attr:`noise` holds the ``keep`` rows (dimension 0) of each vocabulary-wide noise tensor
+    (without, each one-row tensor whole);
+    with ``force_noise``, the ``i``-th noise tensor, of shape ``(1, *force_noise[i].shape)``, is
+    overwritten with ``force_noise[i]`` (in place, after the original drew, as for tokens), and
+    :attr:`unforced_noise` says whether some noise could not be forced.
     """
 
-    def __init__(self, vocab_size: int, force: list[int] | None = None, keep: list[int] | None = None):
+    def __init__(self, vocab_size: int, force: list[int] | None = None, keep: list[int] | None = None,
+                 force_noise: list[torch.Tensor | None] | None = None):
         super().__init__(vocab_size)
         self.force = force
+        self.force_noise = force_noise
+        #: Per noise tensor: its ``keep`` rows (or itself, one row, without ``keep``), else ``None``.
+        self.noise: list[torch.Tensor | None] = []
+        self.unforced_noise = False
         #: Rows whose probabilities are kept (default all): the replays compare only the rows they
         #: replay, and normalising all 512 rows of a 49,152-token call in float64 cost 21 ms a draw.
         self.keep = keep
@@ -92,6 +108,11 @@ class SamplerLog(Interception):
         probs = self.calls[call][0]
         return probs[self.keep.index(row) if self._subset[call] else row]
 
+    def noise_row(self, call: int, row: int) -> torch.Tensor | None:
+        """Row ``row`` (a kept row) of noise tensor ``call``, or ``None`` where it was not kept."""
+        kept = self.noise[call]
+        return None if kept is None else kept[self.keep.index(row)]
+
     def __enter__(self) -> "SamplerLog":
         for owner, name, record in ((torch, "multinomial", self._sampled),
                                     (torch.Tensor, "multinomial", self._sampled),
@@ -101,9 +122,23 @@ class SamplerLog(Interception):
             self._patch(owner, name, record)
         return self
 
-    @property
-    def noisy(self) -> bool:
-        return any(d.kind == NOISE for d in self.draws)
+    def _noise(self, out, args, kwargs) -> None:
+        super()._noise(out, args, kwargs)
+        if not out.dim() or out.shape[-1] != self.vocab_size:
+            return
+        i = len(self.noise)
+        keep = self.keep if self.keep is not None else [0] if out.dim() > 1 and out.shape[0] == 1 else None
+        rows = keep is not None and out.dim() > 1 and max(keep, default=-1) < out.shape[0]
+        self.noise.append(out.detach()[keep].clone() if rows else None)
+        if self.force_noise is None:
+            return
+        forced = self.force_noise[i] if i < len(self.force_noise) else None
+        if forced is None or out.shape != (1, *forced.shape) or out.dtype != forced.dtype:
+            self.unforced_noise = True
+            return
+        # In place: an in-place sampler's caller holds ``out``; rand() and rand_like() return it.
+        with torch.no_grad():
+            out.copy_(forced[None])
 
     def _sampled(self, out, args, kwargs) -> torch.Tensor | None:
         probs = call_argument(args, kwargs, 0, "input")
@@ -151,7 +186,8 @@ def replay_rows(draft, ids: torch.Tensor, logits: torch.Tensor, log: SamplerLog,
                                 f"cannot be replayed one by one")
     for r in rows:
         force = [int(tokens[r, 0]) for _, tokens in log.calls]
-        with SamplerLog(vocab, force) as replay:
+        noise = [log.noise_row(i, r) for i in range(len(log.noise))]
+        with SamplerLog(vocab, force, force_noise=noise) as replay:
             try:
                 ids1, logits1 = draft(1)
             except GeneratorFailure as exc:
@@ -212,7 +248,7 @@ def _difference(r, n, ids, logits, log, ids1, logits1, replay, length) -> str | 
             return f"draw {i + 1} comes from another law at batch 1 (TV {tv:.3g})"
     row = ids[r, : length + n]
     if ids1.shape != (1, length + n) or not torch.equal(ids1[0], row):
-        if log.noisy:
+        if replay.unforced_noise:
             return UNFORCEABLE
         return f"drafts {ids1[0, length:].tolist()} at batch 1, {row[length:].tolist()} in the batch"
     # As the verifier: the softmax of candidate_logits in the dtype returned.
@@ -222,3 +258,31 @@ def _difference(r, n, ids, logits, log, ids1, logits1, replay, length) -> str | 
         if tv > TOLERANCE:
             return f"softmax(q) at draft position {j + 1} differs (TV {tv:.3g})"
     return None
+
+
+def impossible_drafts(candidate_ids: torch.Tensor, candidate_logits: torch.Tensor, lengths: list[int],
+                      prompt_length: int) -> np.ndarray:
+    """``(rows, gamma)``: which drafts their returned q gives probability 0 (within each row's length).
+
+    Only rows with a draft that :func:`surely_possible` cannot clear go through the softmax (a
+    softmax of 512 x 4 x 49,152 logits per call cost 0.4 s of a 6 s lm49k chunk)."""
+    gamma = candidate_ids.shape[1] - prompt_length
+    drafted = candidate_ids[:, prompt_length:, None]
+    zero = np.zeros((candidate_ids.shape[0], gamma), dtype=bool)
+    check = (~surely_possible(candidate_logits, drafted)).any(-1).nonzero()[:, 0]
+    if len(check):
+        # As _assisted_decoding: the verifier gets candidate_logits in the dtype returned.
+        q_of_drafts = torch.softmax(candidate_logits[check], dim=-1).gather(-1, drafted[check])[..., 0]
+        zero[check.numpy()] = (q_of_drafts == 0).numpy()
+    return zero & (np.arange(gamma) < np.asarray(lengths)[:, None])
+
+
+def surely_possible(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Where ``softmax(logits)`` surely gives ``tokens`` (``(..., 1)``) a probability above 0 in the
+    logits' dtype: their logit within ``ln(1 / (V * tiny)) - 1`` nats of the row's maximum, so that
+    ``exp(x - max) / sum >= exp(x - max) / V`` is above the dtype's smallest normal number with a
+    nat to spare for any kernel's rounding. ``False`` wherever that is not sure (NaN, infinities)."""
+    vocab = logits.shape[-1]
+    limit = -math.log(torch.finfo(logits.dtype).tiny) - math.log(vocab) - 1.0
+    gap = logits.amax(-1, keepdim=True).float() - logits.gather(-1, tokens).float()
+    return (gap < limit)[..., 0]

@@ -20,54 +20,32 @@ from __future__ import annotations
 
 import math
 import time
-from contextlib import contextmanager
 
 import numpy as np
 import torch
 
-from lossless_check.subjects.adapters import DraftContext
-from lossless_check.evidence.analysis import position_tests, sequential_evidence, stop_sequentially, strata
-from lossless_check.evidence.attribution import accepted_impossible, attribute, without
-from lossless_check.subjects.candidates import check_candidates
 from lossless_check.core.compat import generator_processors, speculative_sampling
-from lossless_check.running.chunks import guarded, kept, run_in_chunks, within_deadline
 from lossless_check.core.errors import GeneratorFailure, NotApplicable, Timeout
-from lossless_check.laws.expected import UNSAMPLEABLE, ExactLaws, plain_sampling_fails, processed, unsampleable
+from lossless_check.evidence.analysis import position_tests, sequential_evidence, strata
 from lossless_check.evidence.results import POWER, Case, CaseResult, one_line
-from lossless_check.stats import Stratum, law_test
+from lossless_check.laws.expected import UNSAMPLEABLE, ExactLaws, plain_sampling_fails, processed, unsampleable
 from lossless_check.laws.stubs import fixed_logits_lm
 from lossless_check.laws.warpers import capture_processors
 from lossless_check.modes.batching import BATCH_SIZE, STAGE_POWER, decide_batching, draft_lengths, family_flag
 from lossless_check.modes.observations import Observations, widen
-from lossless_check.modes.randomness import FRESH_CALLS, FRESH_LEVEL, RandomnessWatch, fresh_draws_evalue
+from lossless_check.modes.randomness import FRESH_LEVEL, fresh_draws_evalue, repeated_noise, watched_randomness
 from lossless_check.modes.replay import (
-    BatchMismatch, SamplerLog, confirm_impossible, replay_detectable_tv, replay_rows, replays_per_chunk,
+    BatchMismatch, SamplerLog, confirm_impossible, impossible_drafts, replay_detectable_tv, replay_rows,
+    replays_per_chunk,
 )
+from lossless_check.stats import Stratum, law_test
+from lossless_check.subjects.adapters import DraftContext
+from lossless_check.subjects.candidates import check_candidates
 
 #: Memory the per-case cache of processed target logits may hold.
 TARGET_CACHE_BYTES = 256 * 2**20
 #: ``max_new_tokens`` of the generation config in step mode: far enough that no candidate is cut.
 STEP_MAX_NEW_TOKENS = 64
-
-
-def impossible_drafts(candidate_ids: torch.Tensor, candidate_logits: torch.Tensor, lengths: list[int],
-                      prompt_length: int) -> np.ndarray:
-    """``(rows, gamma)``: which drafts their returned q gives probability 0 (within each row's length)."""
-    gamma = candidate_ids.shape[1] - prompt_length
-    # As _assisted_decoding: the verifier gets candidate_logits in the dtype returned.
-    q_of_drafts = torch.softmax(candidate_logits, dim=-1).gather(-1, candidate_ids[:, prompt_length:, None])[..., 0]
-    return (q_of_drafts == 0).numpy() & (np.arange(gamma) < np.asarray(lengths)[:, None])
-
-
-@contextmanager
-def watched_randomness():
-    """Raise :class:`~.replay.BatchMismatch` when the calls made inside seed, restore or privately
-    generate randomness (:class:`~.randomness.RandomnessWatch`): the replays would not see it."""
-    with RandomnessWatch() as watch:
-        yield
-    if watch.seen:
-        raise BatchMismatch(f"the generator {watch.seen[0]} during get_candidates: its batch-1 draws may not be "
-                            f"the fresh draws the forced replays stand for")
 
 
 class StepCase:
@@ -215,11 +193,11 @@ class StepCase:
         with torch.no_grad():
             while t < samples:
                 rows = min(batch_size, samples - t)
-                candidate_ids, candidate_logits, lengths = self.draft_rows(rows, replayed[t : t + rows])
+                candidate_ids, candidate_logits, lengths, zero_q = self.draft_rows(rows, replayed[t : t + rows])
                 gamma = candidate_ids.shape[1] - length
                 if gamma + 1 > emitted.shape[1]:
                     emitted = widen(emitted, gamma + 1)
-                impossible[t : t + rows] = impossible_drafts(candidate_ids, candidate_logits, lengths, length).sum(axis=1)
+                impossible[t : t + rows] = zero_q.sum(axis=1)
                 drafts[t : t + rows] = lengths
                 for r in range(rows):
                     g = lengths[r]
@@ -251,13 +229,16 @@ class StepCase:
             end = start + first
             raise plain_sampling_fails(candidates[0, :end].tolist(), UNSAMPLEABLE) from None
 
-    def draft_rows(self, rows: int, replay: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    def draft_rows(self, rows: int, replay: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, list[int], np.ndarray]:
         """One call on ``rows`` rows (``candidate_ids``, ``candidate_logits``, each row's draft
-        length), its rows where ``replay`` is set replayed at batch 1 first."""
+        length, its :func:`impossible_drafts`), its rows where ``replay`` is set replayed at batch 1 first."""
+        length = self.prompt_ids.shape[1]
         if rows == 1:
             candidate_ids, candidate_logits = self.draft(1)
-            return candidate_ids, candidate_logits, [candidate_ids.shape[1] - self.prompt_ids.shape[1]]
-        length, vocab = self.prompt_ids.shape[1], self.case.scenario.vocab_size
+            lengths = [candidate_ids.shape[1] - length]
+            return candidate_ids, candidate_logits, lengths, impossible_drafts(candidate_ids, candidate_logits,
+                                                                               lengths, length)
+        vocab = self.case.scenario.vocab_size
         with watched_randomness():
             try:
                 with SamplerLog(vocab, keep=np.flatnonzero(replay).tolist()) as log:
@@ -269,16 +250,17 @@ class StepCase:
             lengths = draft_lengths(candidate_ids[:, length:], self.eos, self.stops_at_eos)
             replay_rows(self.draft, candidate_ids, candidate_logits, log, lengths, np.flatnonzero(replay).tolist(),
                         length, vocab)
-            impossible = np.flatnonzero(impossible_drafts(candidate_ids, candidate_logits, lengths, length).sum(1))
-            confirm_impossible(self.draft, candidate_ids, log, lengths, impossible.tolist(), length, vocab)
-        return candidate_ids, candidate_logits, lengths
+            zero_q = impossible_drafts(candidate_ids, candidate_logits, lengths, length)
+            confirm_impossible(self.draft, candidate_ids, log, lengths, np.flatnonzero(zero_q.sum(1)).tolist(), length,
+                               vocab)
+        return candidate_ids, candidate_logits, lengths, zero_q
 
     def check_fresh_draws(self, calls: int) -> None:
         """``calls`` unforced batch-1 calls; raise :class:`~.replay.BatchMismatch` if their draws are not
         fresh draws from the laws they were given (:func:`~.randomness.fresh_draws_evalue`)."""
         if calls <= 0:
             return
-        draws = []
+        draws, noise = [], []
         with watched_randomness():
             for _ in range(calls):
                 with SamplerLog(self.case.scenario.vocab_size) as log:
@@ -287,6 +269,10 @@ class StepCase:
                     except GeneratorFailure as exc:
                         raise BatchMismatch(f"an unforced batch-1 call raised ({exc})") from exc
                 draws += log.calls
+                noise += [n for n in log.noise if n is not None]
+        if repeated_noise(noise):
+            raise BatchMismatch(f"{calls} unforced batch-1 calls drew the same vocabulary-wide noise twice: it is not "
+                                f"the fresh noise the forced replays stand for")
         log_e = fresh_draws_evalue(draws)
         if log_e >= math.log(1.0 / FRESH_LEVEL):
             raise BatchMismatch(f"the draws of {calls} unforced batch-1 calls are not fresh draws from the laws "
@@ -402,136 +388,3 @@ def skip_reason(case: Case) -> str | None:
         return (f"{case.generator.adapter.name} drafts through the target's own head or hidden states: a drafter "
                 f"head padded past the target's vocabulary does not apply to it")
     return None
-
-
-def run_step_case(case: Case, samples: int, seed: int, alpha_case: float, sequential: bool = True,
-                  timeout: float = 600.0, batch_size: int = BATCH_SIZE, store=None) -> CaseResult:
-    """Run and analyse one step-mode case (no family-wise decision).
-
-    Fixed (``sequential=False``): the law tests at ``alpha_case`` after ``samples`` trials.
-    Sequential: :func:`~lossless_check.evidence.analysis.stop_sequentially` after each look. ``store``: where
-    finished chunks are kept (:func:`~lossless_check.running.chunks.kept`).
-    """
-    return StepRun(case, samples, seed, alpha_case, sequential, timeout, batch_size, store).run()
-
-
-class StepRun:
-    """A step case as seeded chunks and looks: run whole (:meth:`run`), or split, its chunks collected
-    elsewhere (:meth:`collect_here` in :attr:`state`) for ``run(fetch)`` (:mod:`lossless_check.running.scheduler`).
-    ``store`` (a :class:`~lossless_check.running.journal.ChunkStore`, or ``None``) keeps its finished chunks."""
-
-    def __init__(self, case: Case, samples: int, seed: int, alpha_case: float, sequential: bool = True,
-                 timeout: float = 600.0, batch_size: int = BATCH_SIZE, store=None):
-        self.case, self.samples, self.seed, self.alpha_case = case, samples, seed, alpha_case
-        self.sequential, self.timeout, self.batch_size = sequential, timeout, batch_size
-        self.store = store
-        self.replays = replays_per_chunk(samples)
-        self._step: StepCase | None = None
-        self._batch_1: str | None = None
-
-    @property
-    def step(self) -> StepCase:
-        """The case's stubs, processors and generator, built on first use (inside :func:`guarded`)."""
-        if self._step is None:
-            self._step = StepCase(self.case, self.batch_size)
-            if self._batch_1 is not None:
-                self._step.run_at_batch_1(self._batch_1)
-        return self._step
-
-    @property
-    def state(self) -> str | None:
-        """What a process collecting this case's chunks must know: why it moved to batch 1, or ``None``."""
-        return self._batch_1
-
-    def restore(self, state: str | None) -> None:
-        """Collect as a run in ``state`` (:attr:`state`) does."""
-        self._batch_1 = state
-        if self._step is not None and state is not None:
-            self._step.run_at_batch_1(state)
-
-    def facts(self):
-        """What the generator was built with here (e.g. a fast tokenizer's vocabulary order, per process)."""
-        return getattr(self.step.session(), "facts", None)
-
-    def collect_here(self, chunk: int, size: int, chunk_seed: int) -> Observations:
-        """One chunk, collected in this process under the per-chunk deadline."""
-        return within_deadline(self.timeout, lambda c, n, s: self.step.collect(
-            n, s, self.replays[c], FRESH_CALLS if c == 0 else 0))(
-            chunk, size, chunk_seed)
-
-    def kept_outcomes(self, state) -> dict[int, tuple]:
-        """The chunks :attr:`store` keeps for ``state``, as a split case's outcomes (``("ok",
-        observations, facts)``, as :func:`~lossless_check.running.scheduler.collect_chunk` returns them)."""
-        if self.store is None:
-            return {}
-        outcomes = {}
-        for chunk in self.store.kept(self.case.key, state):
-            found = self.store.load(self.case.key, state, chunk)
-            if found is not None:
-                outcomes[chunk] = ("ok", *found)
-        return outcomes
-
-    def keep(self, state, chunk: int, outcome: tuple) -> None:
-        """Keep a chunk a worker collected for a split case (``outcome`` as :meth:`kept_outcomes`)."""
-        if self.store is not None and outcome[0] == "ok":
-            self.store.save(self.case.key, state, chunk, outcome[1], outcome[2])
-
-    def analyse(self, parts: list[Observations], final: bool) -> CaseResult | None:
-        """The look over ``parts`` (the chunks so far, in order): a result, or ``None`` to go on."""
-        step, alpha_case = self.step, self.alpha_case
-        obs = Observations.concatenate(parts)
-        # Accepted drafts of target probability 0 are the verifier's doing: set aside (attribution).
-        aside = accepted_impossible(obs.emitted, obs.n_matches, step.laws.target)
-        obs = without(obs, aside >= 0)
-        if not self.sequential:
-            return attribute(self._batch_1_only(step.analyse(obs, alpha_case)), aside, obs.impossible_drafts)
-        log_e, outside_support = step.evidence(obs)
-        exact = bool(obs.impossible_drafts) or outside_support
-        result = stop_sequentially(lambda trials, alpha: step.analyse(obs if trials is None else obs.head(trials), alpha),
-                                   log_e, alpha_case, final, exact)
-        return None if result is None else attribute(self._batch_1_only(result), aside, obs.impossible_drafts)
-
-    def _batch_1_only(self, result: CaseResult) -> CaseResult:
-        """A result whose verdict rests on batch-1 behaviour only.
-
-        Batched rows are the harness's construct: they may pass a case (with the guarantee of
-        :meth:`StepCase._batch_1_guarantee`), never fail it, except by an impossible draft that a batch-1
-        replay of its row returned too (:func:`~.replay.confirm_impossible`). A batched result that would fail (an exact
-        failure, or its p-value at or below the case's alpha) raises :class:`~.replay.BatchMismatch`,
-        and the case runs again at batch 1 with its whole alpha, where a failure is the real loop's.
-        A batched result that passes gives Holm's family the p-value 1, so that no step-down across
-        cases can turn batched evidence into a failure either; its own p-value is ``batch.p_value``.
-        """
-        if result.batch["batch_size"] == 1:
-            return result
-        if "impossible_draft" in result.failed_checks:
-            # Every impossible draft of a batched row was confirmed at batch 1 (replay.confirm_impossible):
-            # the real loop's own exact failure. Nothing else the batched rows show may fail the case.
-            result.batch["p_value"], result.p_value = result.p_value, 1.0
-            result.batch["note"] += "; each impossible draft returned again by a batch-1 replay of its row"
-            result.failed_checks = ["impossible_draft"]
-            return result
-        if result.exact_failure or result.p_value <= self.alpha_case:
-            checks = ", ".join(result.failed_checks) or "output law"
-            raise BatchMismatch(f"the batched rows failed ({checks}; p = {result.p_value:.3g}): only batch-1 "
-                                f"calls, which the real loop makes, may fail a case")
-        result.batch["p_value"] = result.p_value
-        result.p_value = 1.0
-        return result
-
-    def run(self, fetch=None) -> CaseResult:
-        """The result; ``fetch(chunk, size, chunk_seed)`` gets each chunk (default: collected here)."""
-        case = self.case
-        reason = skip_reason(case)
-        if reason is not None:
-            return case.result(verdict="skipped", reason=reason)
-        fetch = fetch or kept(self.store, case, self.collect_here, lambda: self.state, self.facts)
-
-        def run() -> CaseResult:
-            try:
-                return run_in_chunks(case, self.samples, self.seed, self.sequential, fetch, self.analyse)
-            except BatchMismatch as exc:  # batched rows say nothing of the real loop: start again at batch 1
-                self.restore(str(exc))
-                return run_in_chunks(case, self.samples, self.seed, self.sequential, fetch, self.analyse)
-
-        return guarded(case, run)

@@ -122,8 +122,8 @@ class ChunkStore:
     """Finished chunks of trials, one file each, kept by whichever process finished them.
 
     A chunk is named by its case's key, the case's collecting state (a case that moved to batch 1
-    collects other trials: :attr:`lossless_check.modes.step.StepRun.state`) and its number; it is kept
-    with the facts it was collected under (:meth:`~lossless_check.modes.step.StepRun.facts`), and read
+    collects other trials: :attr:`lossless_check.modes.step_run.StepRun.state`) and its number; it is kept
+    with the facts it was collected under (:meth:`~lossless_check.modes.step_run.StepRun.facts`), and read
     back only under the same facts. A file appears whole or not at all (written aside, synced, renamed),
     so a process killed while writing one leaves nothing half-written. The store holds one run's chunks:
     its :class:`Journal` checks that a resumed run is the same run, and clears it for a new one.

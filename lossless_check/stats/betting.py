@@ -76,11 +76,16 @@ class BettingState:
     def update(self, p: np.ndarray, q: np.ndarray, aimed: np.ndarray, token: int, alpha: float) -> None:
         """Bet on one emitted ``token`` with null law ``p``, drafter law ``q`` and bug-class law ``aimed``
         at its prefix."""
+        self.add(log_factors(p, q, np.array([token]), aimed)[0] if p[token] > 0.0 else None, alpha)
+
+    def add(self, factors: np.ndarray | None, alpha: float) -> None:
+        """Add one token's log factors (a row of :func:`log_factors`, computed wherever the token was
+        observed); ``None``: the token has probability 0 under its null law."""
         self.tokens += 1
-        if p[token] <= 0.0:
+        if factors is None:
             self.support_violations += 1
             return
-        self.log_wealth = self.log_wealth + log_factors(p, q, np.array([token]), aimed)[0]
+        self.log_wealth = self.log_wealth + factors
         log_e = self.log_evalue
         self.max_log_evalue = max(self.max_log_evalue, log_e)
         if self.rejected_at is None and log_e >= math.log(1.0 / alpha):
@@ -106,27 +111,35 @@ class PowerSimulation:
     that size, at that share of positions, is detected with that probability.
     """
 
-    def __init__(self, alpha: float, seed: int):
+    def __init__(self, alpha: float):
         self.threshold = math.log(1.0 / alpha)
-        self.rng = np.random.default_rng([seed, 7])
         shape = (len(CONTAMINATIONS), len(FRACTIONS), REPLICATES)
         self.log_wealth = np.zeros(shape + (COMPONENTS,))
         self.detected_at = np.full(shape, -1)
         self.tokens = 0
         self.tv_pq: list[float] = []
 
-    def observe(self, p: np.ndarray, q: np.ndarray, aimed: np.ndarray) -> None:
-        self.tokens += 1
+    @staticmethod
+    def step(p: np.ndarray, q: np.ndarray, aimed: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, float]:
+        """One observed position's simulated log factors (every alternative and replicate), drawn with
+        ``rng``, and ``TV(p, q')``: computed where the position was observed, added in order by :meth:`add`."""
         inside = np.where(p > 0, q, 0.0)
         toward = inside / inside.sum() if inside.sum() > 0 else p
-        self.tv_pq.append(0.5 * float(np.abs(p - toward).sum()))
-        under_null = self.rng.choice(p.size, REPLICATES, p=p / p.sum())
+        under_null = rng.choice(p.size, REPLICATES, p=p / p.sum())
+        increments = np.empty((len(CONTAMINATIONS), len(FRACTIONS), REPLICATES, COMPONENTS))
         for i, c in enumerate(CONTAMINATIONS):
             mixed = (1.0 - c) * p + c * toward
-            under_alt = self.rng.choice(p.size, REPLICATES, p=mixed / mixed.sum())
+            under_alt = rng.choice(p.size, REPLICATES, p=mixed / mixed.sum())
             for j, f in enumerate(FRACTIONS):
-                x = np.where(self.rng.random(REPLICATES) < f, under_alt, under_null)
-                self.log_wealth[i, j] += log_factors(p, q, x, aimed)
+                x = np.where(rng.random(REPLICATES) < f, under_alt, under_null)
+                increments[i, j] = log_factors(p, q, x, aimed)
+        return increments, 0.5 * float(np.abs(p - toward).sum())
+
+    def add(self, increments: np.ndarray, tv: float) -> None:
+        """Add one position's :meth:`step`."""
+        self.tokens += 1
+        self.tv_pq.append(tv)
+        self.log_wealth += increments
         log_e = logsumexp(self.log_wealth, axis=-1) - math.log(COMPONENTS)
         fresh = (log_e >= self.threshold) & (self.detected_at < 0)
         self.detected_at[fresh] = self.tokens

@@ -57,6 +57,16 @@ class DraftingRecord:
     def to_dict(self) -> dict:
         return {**asdict(self), "gaps": self.gaps[:5], "verdict": self.verdict, "reason": self.reason()}
 
+    def merge(self, other: "DraftingRecord", call: int) -> None:
+        """Add the record of ``generate()`` call ``call`` (1-based; its rounds are numbered within it)."""
+        for name in ("rounds", "drafted", "checked", "without_q", "inconsistent"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.max_tv = max(self.max_tv, other.max_tv)
+        self.max_inflation = max(self.max_inflation, other.max_inflation)
+        self.gaps += [f"call {call}, {gap}" for gap in other.gaps]
+        if other.first_inconsistency and not self.first_inconsistency:
+            self.first_inconsistency = f"call {call}, {other.first_inconsistency}"
+
     def observe(self, input_ids, candidate_ids, candidate_logits, draws) -> None:
         self.rounds += 1
         drafts = candidate_ids[0, input_ids.shape[1]:].tolist()

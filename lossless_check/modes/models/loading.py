@@ -42,6 +42,19 @@ def load_model(path: str, device: str, option: str):
         raise UsageError(f"--device {device!r}: {_first_line(exc)}") from None
 
 
+#: The pair this process has loaded: ``(target, assistant, device) -> (target model, assistant model)``.
+_LOADED: dict[tuple[str, str, str], tuple] = {}
+
+
+def load_pair(target: str, assistant: str, device: str) -> tuple:
+    """Both models, loaded once per process (the run's own, or an engine worker's)."""
+    key = (target, assistant, device)
+    if key not in _LOADED:
+        _LOADED.clear()  # one pair at a time: a model can be large
+        _LOADED[key] = (load_model(target, device, "--target"), load_model(assistant, device, "--assistant"))
+    return _LOADED[key]
+
+
 def load_tokenizer(path: str):
     """The tokenizer saved beside the target, or ``None`` when the folder has none."""
     folder = Path(path)

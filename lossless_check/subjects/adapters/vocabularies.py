@@ -27,7 +27,6 @@ import functools
 
 import numpy as np
 import torch
-
 from transformers import PreTrainedTokenizerFast
 
 from lossless_check.core.errors import NotApplicable, UsageError
