@@ -10,6 +10,8 @@ stratum's size, is random and depends on earlier tokens, as in step mode.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from scipy import stats as sps
 
@@ -20,6 +22,21 @@ def rate_check(events: int, runs: int, allowed: float, level: float) -> dict:
     pvalue = float(sps.binomtest(events, runs, allowed, alternative="greater").pvalue)
     return {"events": events, "runs": runs, "rate": events / runs, "allowed": allowed, "pvalue": pvalue,
             "fails": pvalue <= level}
+
+
+def curtailed_rate_check(event: Callable[[int], bool], runs: int, allowed: float, level: float) -> dict:
+    """:func:`rate_check` of ``event(seed)`` over seeds ``0 .. runs - 1``, stopping as soon as the
+    remaining runs cannot change whether it fails (``fails`` only grows with the events: it is decided
+    once the events so far fail, or once they pass even with every run not made counted as an event).
+    The same verdict as the full count on the same seeds, so the same error rate and power; ``made``
+    says how many runs it took, ``events`` is the count that decided (so far, or its upper bound)."""
+    events = 0
+    for made in range(1, runs + 1):
+        events += bool(event(made - 1))
+        failing, at_most = rate_check(events, runs, allowed, level), rate_check(events + runs - made, runs, allowed, level)
+        if failing["fails"] or not at_most["fails"]:  # after the last run these are the same count
+            return {**(failing if failing["fails"] else at_most), "made": made}
+    raise ValueError("runs must be positive")
 
 
 def check_power(runs: int, allowed: float, level: float, true_rate: float) -> float:

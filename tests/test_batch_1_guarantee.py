@@ -120,29 +120,34 @@ def test_a_gumbel_max_sampler_stays_batched_its_noise_forced_row_by_row():
 #: ``tv_detectable`` were only 0.99, P(misses > 2 of 30) = 0.0033, this check's false-failure rate;
 #: against a power of 0.5 (the overclaiming variant below), it fails with probability 1 - 5e-7.
 POWER_RUNS, ALLOWED_MISSES = 30, 2
+#: Misses that decide the negative control: 4 of 30 (26 flagged at most) has P = 2.1e-4 < 1e-3 at power 0.99.
+DECIDING_MISSES = 4
 
 
-def detection_count(name: str, runs: int, samples: int = 1000) -> tuple[int, float]:
-    """Runs of a mutant wrong at batch 1 in a random share ``f`` of its calls (uniform q), with ``f``
-    chosen so that its batch-1 position-1 TV equals the ``tv_detectable`` the harness reports for
-    the real generator: how many are flagged, and that TV."""
+def detection_count(name: str, runs: int, stop_at_misses: int, samples: int = 1000) -> tuple[int, int, float]:
+    """Seeded runs of a mutant wrong at batch 1 in a random share ``f`` of its calls (uniform q), with
+    ``f`` chosen so that its batch-1 position-1 TV equals the ``tv_detectable`` the harness reports for
+    the real generator: (runs made, misses, that TV). The runs stop at ``stop_at_misses`` misses (a
+    curtailed count: misses only grow, so the assertions below, monotone in the misses of all ``runs``,
+    already hold or fail there as they would after every run; the error rates are those stated above)."""
     clean = lc.check(name, warpers=WARPERS, samples=samples)
     claim = clean.tv_detectable
     share = claim / position_1_effect(name, "uniform")
     assert clean.verdict == "lossless" and 0 < share < 1, (clean.reason, share)
     mutant = batch_1_only(installed(name), "uniform", probability=share)
-    flagged = 0
+    made = misses = 0
     with substituted(name, mutant):
         [case] = cases_for([name], [WARPERS], None, "step", "markov8", 4)
-        for seed in range(runs):
-            flagged += run_cases([case], samples, 1e-6, seed).cases[0].verdict == "not_lossless"
-    return flagged, claim
+        while made < runs and misses < stop_at_misses:
+            misses += run_cases([case], samples, 1e-6, made).cases[0].verdict != "not_lossless"
+            made += 1
+    return made, misses, claim
 
 
 @needs(DFLASH)
 def test_power_at_the_reported_tv_detectable_holds_for_batch_1_only_bugs():
-    flagged, claim = detection_count("DFlashTokenCandidateGenerator", POWER_RUNS)
-    assert POWER_RUNS - flagged <= ALLOWED_MISSES, (flagged, claim)
+    made, misses, claim = detection_count("DFlashTokenCandidateGenerator", POWER_RUNS, ALLOWED_MISSES + 1)
+    assert misses <= ALLOWED_MISSES, (made, misses, claim)
 
 
 @needs(DFLASH)
@@ -153,6 +158,7 @@ def test_the_power_check_fails_when_replays_shrink_but_the_claim_does_not(monkey
     for module in (step, step_run):  # StepRun takes the replays of a chunk, StepCase.collect those of a call
         monkeypatch.setattr(module, "replays_per_chunk", lambda samples: [1] + [0] * 8)
     monkeypatch.setattr(step, "replay_detectable_tv", lambda replays, power: claimed)
-    flagged, _ = detection_count("DFlashTokenCandidateGenerator", POWER_RUNS)
-    assert POWER_RUNS - flagged > ALLOWED_MISSES, flagged
-    assert binomtest(flagged, POWER_RUNS, 0.99, alternative="less").pvalue < 1e-3
+    made, misses, _ = detection_count("DFlashTokenCandidateGenerator", POWER_RUNS, DECIDING_MISSES)
+    assert misses > ALLOWED_MISSES, (made, misses)
+    # The most that all 30 runs could flag: the runs not made counted as flagged.
+    assert binomtest(POWER_RUNS - misses, POWER_RUNS, 0.99, alternative="less").pvalue < 1e-3

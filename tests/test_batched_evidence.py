@@ -28,6 +28,8 @@ from lossless_check.modes.step import StepCase
 DEFECT_RUNS, DEFECT_SAMPLES = 40, 500
 
 
+# heavy (.ci/run's second step): 40 runs that nearly all move to batch 1 (840 s measured under load; the longest test).
+@pytest.mark.heavy
 def test_a_defect_of_batched_calls_only_never_fails_the_case():
     [case] = cases_for(["fixtures.mutants.batched_only_defect:ImpossibleDraftWhenBatched"], [""], None, "step",
                        "markov8", 4)

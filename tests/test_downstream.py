@@ -31,7 +31,8 @@ import pytest
 
 from fixtures.readme import PLUGIN_PAGE, api_example, assert_api_example_output, python_files, shown
 
-pytestmark = [pytest.mark.slow, pytest.mark.downstream]
+# heavy: minutes of build, install and subprocesses; .ci/run runs it in its second step.
+pytestmark = [pytest.mark.slow, pytest.mark.downstream, pytest.mark.heavy]
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 #: The README test extra's transformers: the expectations below (and the suite's) were examined there.

@@ -80,6 +80,8 @@ def test_run_prints_every_name_and_stack_whole(table):
             assert sum(stack in line for line in lines) >= 2, stack
 
 
+# heavy (.ci/run's second step): two mode-"all" runs of 27 cases at 1,500 trials (116 s on 2 cores).
+@pytest.mark.heavy
 @needs(DFLASH)
 def test_every_reason_is_true_of_its_numbers():
     """Fixed and sequential runs, lossless and failing cases, step with provenance beside it."""
