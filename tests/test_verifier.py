@@ -138,9 +138,9 @@ def test_a_run_adds_the_verifier_as_an_exact_row_beside_named_generators(tmp_pat
 def test_a_run_over_the_whole_install_has_the_verifier_as_a_subject(tmp_path, monkeypatch):
     """No --generator: the run is about the install, so the verifier's defect fails it. The built-ins
     are narrowed to Assisted here (the decision rests on --generator being absent, not on the list)."""
-    import lossless_check.laws.matrix
+    import lossless_check.subjects.adapters
 
-    monkeypatch.setattr(lossless_check.laws.matrix, "DEFAULT_GENERATORS", ("AssistedCandidateGenerator",))
+    monkeypatch.setattr(lossless_check.subjects.adapters, "DEFAULT_GENERATORS", ("AssistedCandidateGenerator",))
     out = tmp_path / "run.json"
     code = main(["run", "--warpers", "top_k=3", "--scenario", "iid8", "--samples", "300", "--json", str(out),
                  "--quiet"])
