@@ -54,7 +54,7 @@ def test_spending_sums_below_alpha():
 # issue 39's two stages; 1,421 s measured under heavy load since).
 @pytest.mark.slow
 @pytest.mark.heavy
-def test_statistical_search_and_its_shrinking_spend_the_split_alpha(monkeypatch):
+def test_statistical_search_and_its_shrinking_spend_the_split_alpha():
     """With the exact check off, the bug is found by statistics and shrunk by statistics: every
     statistical test made, shrinking's included, ran at alpha_k, and together they spend <= alpha.
 
@@ -63,22 +63,43 @@ def test_statistical_search_and_its_shrinking_spend_the_split_alpha(monkeypatch)
     with evidence at position 1 is the 41st test (alpha_k 3.6e-10); at that alpha both stages rejected
     in 6 of 6 seeds, the batch-1 stage after 997-1,843 trials. The 10 earlier triggering stacks pass in
     the batched stage (their warpers leave the doubled q little to move); none was lost at the batch-1
-    confirmation."""
-    def no_exact(self, stack):
-        record = self.record(stack)
-        record.setdefault("exact", "not_applicable")
-        return record
+    confirmation.
 
-    monkeypatch.setattr(fuzzing._Examiner, "exact", no_exact)
+    The search runs in a fresh interpreter, as ``lossless-check fuzz`` does: inside the full suite, after
+    other tests in the same xdist worker, the same seeded search once tested 49 stacks without a conviction
+    (170 s), while alone it convicts (501 s): state an earlier test leaves in the process changes which
+    stacks the search draws. Which state is not known yet (open, issue 39's note)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
     alpha = 1e-6
-    result = fuzzing.fuzz("fixtures.three_way:DFlashWrongUnderNgramRepetitionTopP", alpha=alpha, database=None)
-    assert result.verdict == "not_lossless" and "--mode step" in result.reproduce, result.summary()
-    alphas = [r["alpha"] for r in result.records if r.get("alpha") is not None]
-    stats = [r for r in result.records if r.get("alpha") is not None]
-    first = next(i for i, r in enumerate(stats) if r["verdict"] == "not_lossless")
-    assert len(stats) > first + 1  # shrinking made statistical tests of its own
+    script = f"""
+import json
+from lossless_check.faces import fuzzing
+
+def no_exact(self, stack):
+    record = self.record(stack)
+    record.setdefault("exact", "not_applicable")
+    return record
+
+fuzzing._Examiner.exact = no_exact
+result = fuzzing.fuzz("fixtures.three_way:DFlashWrongUnderNgramRepetitionTopP", alpha={alpha!r}, database=None)
+stats = [r for r in result.records if r.get("alpha") is not None]
+print(json.dumps({{"verdict": result.verdict, "reproduce": result.reproduce, "summary": result.summary(),
+                  "alphas": [r["alpha"] for r in stats], "verdicts": [r["verdict"] for r in stats],
+                  "alpha_spent": result.alpha_spent}}))
+"""
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=3000)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["verdict"] == "not_lossless" and "--mode step" in result["reproduce"], result["summary"]
+    alphas, verdicts = result["alphas"], result["verdicts"]
+    first = verdicts.index("not_lossless")
+    assert len(alphas) > first + 1  # shrinking made statistical tests of its own
     assert alphas == [fuzzing.alpha_of_test(alpha, k) for k in range(1, len(alphas) + 1)]
-    assert result.alpha_spent <= alpha
+    assert result["alpha_spent"] <= alpha
 
 
 def test_builtin_generator_passes_and_states_its_power():
