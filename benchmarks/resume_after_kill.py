@@ -27,20 +27,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from lossless_check.outputs.report import without_timings  # noqa: E402
+
 COMMANDS = {
     "run": ["run", "--generator", "AssistedCandidateGenerator", "--matrix", "default", "--workers", "2", "--quiet",
             "--no-verifier"],
     "gate": ["gate", "--generator", "AssistedCandidateGenerator", "--workers", "2", "--quiet", "--no-verifier"],
 }
-TIMINGS = ("seconds", "samples_per_second")
-
-
-def strip(value):
-    if isinstance(value, dict):
-        return {k: strip(v) for k, v in value.items() if k not in TIMINGS}
-    if isinstance(value, list):
-        return [strip(v) for v in value]
-    return value
 
 
 def start(args: list[str]) -> subprocess.Popen:
@@ -58,7 +52,7 @@ def timed(args: list[str]) -> tuple[float, int, str]:
 
 def report_of(command: str, where: Path) -> dict:
     path = where / "report.json" if command == "gate" else where
-    return strip(json.loads(path.read_text()))
+    return without_timings(json.loads(path.read_text()))
 
 
 def main() -> None:

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from fixtures.releases import DFLASH, needs
+from lossless_check.outputs.report import TIMING_FIELDS
+from lossless_check.outputs.report import without_timings as cases_without_timings
 
 ROOT = Path(__file__).resolve().parents[1]
 HANGS = "fixtures.mutants.hangs_when_told:DFlashHangsWhenTold"
@@ -24,7 +26,7 @@ ARGS = ["run", "--generator", "DFlashTokenCandidateGenerator", "--generator", HA
         "--warpers", "temperature=0.6", "--scenario", "iid8", "--samples", "400", "--quiet", "--table", "full",
         "--no-verifier"]
 #: What differs between two runs of the same cases besides the results: the time they took.
-TIMINGS = ("seconds", "samples_per_second")
+TIMINGS = TIMING_FIELDS
 
 
 def lossless_check(*args: str, hang: bool = False, **popen) -> subprocess.Popen:
@@ -42,15 +44,8 @@ def finish(process: subprocess.Popen, timeout: float = 600) -> tuple[int, str]:
 
 
 def without_timings(report: dict) -> dict:
-    """``report`` without the time anything took, at any depth (a provenance sub-verdict has its own)."""
-    def strip(value):
-        if isinstance(value, dict):
-            return {k: strip(v) for k, v in value.items() if k not in TIMINGS}
-        if isinstance(value, list):
-            return [strip(v) for v in value]
-        return value
-
-    return {**report, "cases": strip(report["cases"])}
+    """``report`` with its cases' timings left out (:func:`~lossless_check.outputs.report.without_timings`)."""
+    return {**report, "cases": cases_without_timings(report["cases"])}
 
 
 def test_an_unwritable_report_path_fails_at_once(tmp_path):

@@ -175,23 +175,34 @@ def replay_detectable_tv(replays: int, power: float = POWER) -> float:
     return 1.0 if replays <= 0 else min(1.0, math.log(1.0 / (1.0 - power)) / replays)
 
 
+def _one_token_per_row(log: SamplerLog, batch: int, why: str) -> None:
+    """Raise :class:`BatchMismatch` unless every sampler call of a ``batch``-row call drew one token a row."""
+    for _, tokens in log.calls:
+        if tokens.shape != (batch, 1):
+            raise BatchMismatch(f"a sampler call drew {tuple(tokens.shape)} tokens in a {batch}-row call: {why}")
+
+
+def _replayed(draft, log: SamplerLog, r: int, vocab: int, which: str, force_noise: bool = False):
+    """``(ids, logits, replay log)`` of a batch-1 call through ``draft(1)`` with row ``r``'s draws forced
+    (and its noise, with ``force_noise``); a generator failure there is a :class:`BatchMismatch`."""
+    force = [int(tokens[r, 0]) for _, tokens in log.calls]
+    noise = [log.noise_row(i, r) for i in range(len(log.noise))] if force_noise else None
+    with SamplerLog(vocab, force, force_noise=noise) as replay:
+        try:
+            ids1, logits1 = draft(1)
+        except GeneratorFailure as exc:
+            raise BatchMismatch(f"the batch-1 replay of a row{which} raised ({exc})") from exc
+    return ids1, logits1, replay
+
+
 def replay_rows(draft, ids: torch.Tensor, logits: torch.Tensor, log: SamplerLog, lengths: list[int],
                 rows: list[int], prompt_length: int, vocab: int) -> None:
     """Replay ``rows`` of a batched call (``ids``, ``logits``, the ``log`` of its sampler) at batch 1
     through ``draft(1)``; raise :class:`BatchMismatch` at the first row that differs."""
     batch = ids.shape[0]
-    for probs, tokens in log.calls:
-        if tokens.shape != (batch, 1):
-            raise BatchMismatch(f"a sampler call drew {tuple(tokens.shape)} tokens in a {batch}-row call: rows "
-                                f"cannot be replayed one by one")
+    _one_token_per_row(log, batch, "rows cannot be replayed one by one")
     for r in rows:
-        force = [int(tokens[r, 0]) for _, tokens in log.calls]
-        noise = [log.noise_row(i, r) for i in range(len(log.noise))]
-        with SamplerLog(vocab, force, force_noise=noise) as replay:
-            try:
-                ids1, logits1 = draft(1)
-            except GeneratorFailure as exc:
-                raise BatchMismatch(f"the batch-1 replay of a row raised ({exc})") from exc
+        ids1, logits1, replay = _replayed(draft, log, r, vocab, "", force_noise=True)
         difference = _difference(r, lengths[r], ids, logits, log, ids1, logits1, replay, prompt_length)
         if difference == UNFORCEABLE:  # expected of such samplers: said as the fact it is, not as a failure
             raise BatchMismatch(UNFORCEABLE)
@@ -210,17 +221,10 @@ def confirm_impossible(draft, ids: torch.Tensor, log: SamplerLog, lengths: list[
     verifier does, gives one of them probability 0 exactly. Otherwise the row is a batched construct:
     the case runs at batch 1, and the row never fails it."""
     batch = ids.shape[0]
-    for _, tokens in log.calls:
-        if tokens.shape != (batch, 1):
-            raise BatchMismatch(f"a sampler call drew {tuple(tokens.shape)} tokens in a {batch}-row call: an "
-                                f"impossible draft cannot be replayed at batch 1")
+    _one_token_per_row(log, batch, "an impossible draft cannot be replayed at batch 1")
     for r in rows:
+        ids1, logits1, replay = _replayed(draft, log, r, vocab, " with an impossible draft")
         force = [int(tokens[r, 0]) for _, tokens in log.calls]
-        with SamplerLog(vocab, force) as replay:
-            try:
-                ids1, logits1 = draft(1)
-            except GeneratorFailure as exc:
-                raise BatchMismatch(f"the batch-1 replay of a row with an impossible draft raised ({exc})") from exc
         n, end = lengths[r], prompt_length + lengths[r]
         possible = len(replay.calls) <= len(force) and all(
             tokens1.numel() == 1 and float(probs1[0, force[i]]) > 0 for i, (probs1, tokens1) in enumerate(replay.calls))

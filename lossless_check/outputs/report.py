@@ -20,6 +20,20 @@ def _clean(value):
     return value
 
 
+#: Report fields that measure time: two runs of the same work (resumed, split, on other workers) differ there only.
+TIMING_FIELDS = ("seconds", "samples_per_second")
+
+
+def without_timings(value):
+    """``value`` (a report or any part of one) without its :data:`TIMING_FIELDS`, at any depth (a
+    provenance sub-verdict has its own): what a resumed or split run must equal."""
+    if isinstance(value, dict):
+        return {k: without_timings(v) for k, v in value.items() if k not in TIMING_FIELDS}
+    if isinstance(value, list):
+        return [without_timings(v) for v in value]
+    return value
+
+
 def to_json(result: RunResult) -> dict:
     """The run as the JSON report's document (keys and meanings fixed by DESIGN.md)."""
     doc = {
