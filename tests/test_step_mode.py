@@ -132,3 +132,31 @@ def test_impossible_drafts_equal_the_full_softmax_test(dtype, monkeypatch):
     assert flagged > rows
     monkeypatch.setattr(replay, "surely_possible", lambda logits, tokens: torch.ones(tokens.shape[:-1], dtype=torch.bool))
     assert any((replay.impossible_drafts(ids, logits, [3] * rows, prompt) != full).any() for logits, full in cases())
+
+
+@pytest.mark.parametrize("scenario", ["markov8", "lm49k"])
+def test_history_free_row_caches_give_what_each_prefix_computes(scenario):
+    """Under a history-free stack, step mode's target logits put together from kept table rows are
+    bitwise the target's forward pass processed at that candidate, and the exact laws kept by row are
+    those computed for each prefix; under a history-dependent stack nothing is kept by row."""
+    from lossless_check.laws.scenarios import SCENARIOS
+    from lossless_check.modes.step import StepCase
+
+    stack = {"top_k": 5, "temperature": 0.8} if scenario == "markov8" else {"top_k": 50}
+    case = Case(resolve_generator("AssistedCandidateGenerator"), stack, scenario=SCENARIOS[scenario])
+    step = StepCase(case)
+    assert step._target_rows is not None
+    gen = torch.Generator().manual_seed(0)
+    length, vocab = step.prompt_ids.shape[1], case.scenario.vocab_size
+    for _ in range(12):
+        drafts = torch.randint(0, vocab, (1, case.scenario.gamma), generator=gen)
+        candidates = torch.cat([step.prompt_ids, drafts], dim=1)
+        assert torch.equal(step.target_logits(candidates), step.processed_target_logits(candidates))
+        fresh = ExactLaws(case.scenario, None)
+        fresh.processors, fresh._by_row = step.processors, None
+        prefix = tuple(drafts[0, :2].tolist())
+        assert np.array_equal(step.laws.target(prefix), fresh.target(prefix))
+        assert np.array_equal(step.laws.drafter(prefix), fresh.drafter(prefix))
+    dependent = StepCase(Case(resolve_generator("AssistedCandidateGenerator"), {"repetition_penalty": 2.0},
+                              scenario=SCENARIOS["markov8"]))
+    assert dependent._target_rows is None and dependent.laws._by_row is None

@@ -78,3 +78,31 @@ def test_values_generate_refuses_are_usage_errors(target_factory):
 
     with pytest.raises(UsageError, match="refused"):
         capture_processors(target_factory(), torch.tensor([[1, 2]]), {"bad_words_ids": [[-3]]}, 8)
+
+
+def test_history_free_processors_ignore_the_history_on_this_release(target_factory):
+    """Each catalog option whose processors :func:`history_free` calls free gives the same scores after
+    any history (the row caches of the exact laws and of step mode's target rest on it); the history-
+    dependent options are not called free, and their scores do move with the history (the check can fail)."""
+    import torch
+
+    from lossless_check.laws.expected import history_free
+    from lossless_check.laws.matrix import available_catalog
+    from lossless_check.laws.warpers import capture_processors
+
+    model = target_factory(np.linspace(-2, 2, 6))
+    histories = torch.tensor([[1, 2, 3, 4], [4, 4, 4, 4], [0, 5, 1, 2], [3, 1, 2, 0]])
+    scores = torch.linspace(-2, 2, 6).expand(len(histories), 6)
+    free_options, moved = [], []
+    for entry in available_catalog():
+        processors, _ = capture_processors(model, torch.tensor([[1, 2]]), entry.kwargs, 8)
+        out = torch.cat([processors(h[None], scores[:1].clone()) for h in histories])
+        same = all(torch.equal(out[0], row) for row in out[1:])
+        if history_free(processors):
+            assert same, entry.option
+            free_options.append(entry.option)
+        elif not same:
+            moved.append(entry.option)
+    assert {"temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff"} <= set(free_options)
+    assert not {"repetition_penalty", "no_repeat_ngram_size", "min_new_tokens"} & set(free_options)
+    assert "repetition_penalty" in moved and "no_repeat_ngram_size" in moved

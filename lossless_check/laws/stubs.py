@@ -282,8 +282,13 @@ class FixedLogitsLM(*((_LegacyGenerationInputs,) if LEGACY_GENERATION else ()), 
             history = keys[:, 0, :, 0].round().long()
         positions = torch.arange(past_len, past_len + new_len, device=input_ids.device).expand(batch, new_len)
         previous = history[:, past_len : past_len + new_len]
+        # Without hidden states (which a real model returns at every position), only the kept rows are
+        # gathered: a 512-row prompt's every position costs 512 x 49,152 logits apiece.
+        kept = logits_to_keep if logits_to_keep and not output_hidden_states else 0
+        if kept:
+            positions, previous = positions[:, -kept:], previous[:, -kept:]
         logits = self.table_logits(positions + 1, previous)
-        if logits_to_keep:
+        if logits_to_keep and not kept:
             logits = logits[:, -logits_to_keep:]
         hidden = logits
         hidden_states = None

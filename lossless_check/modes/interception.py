@@ -77,16 +77,19 @@ class Interception:
         while self._undo:
             self._undo.pop()()
 
-    def _patch(self, owner, name, record) -> None:
+    def _patch(self, owner, name, record, sampler=None) -> None:
+        """Patch ``owner.name``: ``record`` sees each outermost call's result; ``sampler(original)``, where
+        given, makes the call instead of the original."""
         original = getattr(owner, name)
         own = name in owner.__dict__  # Tensor methods live on TensorBase: restore by deleting
+        call = original if sampler is None else sampler(original)
 
         def wrapper(*args, **kwargs):
             if self._depth:
                 return original(*args, **kwargs)
             self._depth += 1
             try:
-                out = original(*args, **kwargs)
+                out = call(*args, **kwargs)
                 replaced = record(out, args, kwargs)
             finally:
                 self._depth -= 1
@@ -130,3 +133,32 @@ class Interception:
     def _noise(self, out, args, kwargs) -> None:
         if out.dim() and out.shape[-1] == self.vocab_size:
             self.draws.append(Draw(NOISE))
+
+
+def inverse_cdf_multinomial(original):
+    """``torch.multinomial`` (or ``Tensor.multinomial``) drawing one token a row of a 2-D weight matrix
+    by inverse CDF in float64: ``searchsorted(cumsum(w), u * sum(w), right=True)``, ``u`` uniform in [0, 1).
+
+    Token ``i`` comes out with probability ``w_i / sum(w)`` up to float64 round-off (a zero weight is an
+    empty interval, never drawn), which is the law ``torch.multinomial`` samples; on CPU at V = 49,152 it
+    costs about a tenth of torch's kernel, which draws an exponential per token. Anything else goes to
+    ``original``, which draws (or raises) as it would: several tokens, one row, a private
+    ``generator``, ``out=``, a weight that is negative, NaN or infinite, a row that sums to zero.
+    """
+
+    def sample(*args, **kwargs):
+        weights = call_argument(args, kwargs, 0, "input")
+        if (len(args) + len(kwargs) > 3 or set(kwargs) - {"input", "num_samples", "replacement"}
+                or call_argument(args, kwargs, 1, "num_samples") != 1 or not isinstance(weights, torch.Tensor)
+                or weights.dim() != 2 or weights.shape[0] < 2 or not weights.is_floating_point()
+                or weights.device.type != "cpu" or not float(weights.amin()) >= 0  # NaN: not >= 0
+                or not bool(torch.isfinite(weights.sum(-1, dtype=torch.float64)).all())):
+            return original(*args, **kwargs)
+        cdf = weights.detach().to(torch.float64).cumsum(-1)
+        total = cdf[:, -1:]
+        if not bool((total > 0).all()):
+            return original(*args, **kwargs)
+        u = torch.rand(total.shape, dtype=torch.float64) * total
+        return torch.searchsorted(cdf, u, right=True).clamp_(max=weights.shape[1] - 1)
+
+    return sample

@@ -20,6 +20,11 @@ over the vocabulary: Gumbel-max sampling, an exponential race) is forced the sam
 ``i``-th, of shape ``(rows, ...)`` (each element an independent draw, so a row's slice is distributed
 as the fresh noise of a batch-1 call, as a forced token is a draw from the row's law).
 
+A batched call's own one-token-a-row draws are made by inverse CDF in float64
+(:func:`~lossless_check.modes.interception.inverse_cdf_multinomial`): the law ``torch.multinomial``
+samples, at about a tenth of its CPU cost at V = 49,152, and all a forced replay needs of the row's
+draws is that each is a draw from its row's law. Replays and every batch-1 call draw with torch's own.
+
 A difference anywhere raises :class:`BatchMismatch`, and the case runs at batch 1. So does a row
 that cannot be replayed: a sampler drawing several tokens per row, noise whose shape is not the
 batched call's with one row, or drafts drawn otherwise (e.g. noise not over the vocabulary), which
@@ -55,7 +60,7 @@ import torch
 
 from lossless_check.core.errors import GeneratorFailure
 from lossless_check.evidence.results import POWER
-from lossless_check.modes.interception import TOLERANCE, Interception, call_argument
+from lossless_check.modes.interception import TOLERANCE, Interception, call_argument, inverse_cdf_multinomial
 from lossless_check.running.chunks import chunk_sizes
 
 #: A batched case replays this share of its trials at batch 1 (at least :data:`MIN_REPLAYS`): 200 of
@@ -90,8 +95,10 @@ class SamplerLog(Interception):
     """
 
     def __init__(self, vocab_size: int, force: list[int] | None = None, keep: list[int] | None = None,
-                 force_noise: list[torch.Tensor | None] | None = None):
+                 force_noise: list[torch.Tensor | None] | None = None, exact_draws: bool = False):
         super().__init__(vocab_size)
+        #: A batched call's one-token-a-row draws by :func:`~lossless_check.modes.interception.inverse_cdf_multinomial`.
+        self.exact_draws = exact_draws
         self.force = force
         self.force_noise = force_noise
         #: Per noise tensor: its ``keep`` rows (or itself, one row, without ``keep``), else ``None``.
@@ -114,12 +121,13 @@ class SamplerLog(Interception):
         return None if kept is None else kept[self.keep.index(row)]
 
     def __enter__(self) -> "SamplerLog":
-        for owner, name, record in ((torch, "multinomial", self._sampled),
-                                    (torch.Tensor, "multinomial", self._sampled),
-                                    (torch, "rand", self._noise), (torch, "rand_like", self._noise),
-                                    (torch.Tensor, "uniform_", self._noise),
-                                    (torch.Tensor, "exponential_", self._noise)):
-            self._patch(owner, name, record)
+        draws = inverse_cdf_multinomial if self.exact_draws else None
+        for owner, name, record, sampler in ((torch, "multinomial", self._sampled, draws),
+                                             (torch.Tensor, "multinomial", self._sampled, draws),
+                                             (torch, "rand", self._noise, None), (torch, "rand_like", self._noise, None),
+                                             (torch.Tensor, "uniform_", self._noise, None),
+                                             (torch.Tensor, "exponential_", self._noise, None)):
+            self._patch(owner, name, record, sampler)
         return self
 
     def _noise(self, out, args, kwargs) -> None:

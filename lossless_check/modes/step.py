@@ -28,10 +28,14 @@ from lossless_check.core.compat import generator_processors, speculative_samplin
 from lossless_check.core.errors import GeneratorFailure, NotApplicable, Timeout
 from lossless_check.evidence.analysis import position_tests, sequential_evidence, strata
 from lossless_check.evidence.results import POWER, Case, CaseResult, one_line
-from lossless_check.laws.expected import UNSAMPLEABLE, ExactLaws, plain_sampling_fails, processed, unsampleable
+from lossless_check.laws.expected import (
+    UNSAMPLEABLE, ExactLaws, history_free, plain_sampling_fails, processed, unsampleable,
+)
 from lossless_check.laws.stubs import fixed_logits_lm
 from lossless_check.laws.warpers import capture_processors
-from lossless_check.modes.batching import BATCH_SIZE, STAGE_POWER, decide_batching, draft_lengths, family_flag
+from lossless_check.modes.batching import (
+    BATCH_SIZE, STAGE_POWER, decide_batching, draft_lengths, family_flag, rows_per_call,
+)
 from lossless_check.modes.observations import Observations, widen
 from lossless_check.modes.randomness import FRESH_LEVEL, fresh_draws_evalue, repeated_noise, watched_randomness
 from lossless_check.modes.replay import (
@@ -69,6 +73,8 @@ class StepCase:
         self._session = None
         self._batching: tuple[int, str] | None = None
         self._target_logits: dict[tuple[int, ...], torch.Tensor] = {}
+        #: Under a history-free stack, processed target rows by table row (:meth:`target_logits`).
+        self._target_rows: dict[int, torch.Tensor] | None = {} if history_free(self.processors) else None
 
     # -- the generator -------------------------------------------------------------------------
 
@@ -127,7 +133,8 @@ class StepCase:
     def batching(self) -> tuple[int, str]:
         """``(rows per call, why)``; 1 when the case runs at batch 1 only."""
         if self._batching is None:
-            self._batching = decide_batching(self.case.generator, self.requested_batch_size)
+            rows, why = decide_batching(self.case.generator, self.requested_batch_size)
+            self._batching = (rows if rows == 1 else rows_per_call(rows, self.case.scenario.vocab_size), why)
         return self._batching
 
     def run_at_batch_1(self, why: str) -> None:
@@ -144,8 +151,13 @@ class StepCase:
         They are a deterministic function of the candidate sequence (fixed tables, deterministic
         processors), and a small vocabulary has few distinct sequences: each is computed once per
         case and process (up to :data:`TARGET_CACHE_BYTES`: a large vocabulary has many distinct,
-        large ones), and the verifier gets a fresh copy every trial.
+        large ones), and the verifier gets a fresh copy every trial. Under a
+        :func:`~lossless_check.laws.expected.history_free` stack a processed position depends only on the
+        table row the target emits there: rows are kept instead, and a candidate whose rows are all
+        kept is put together from them.
         """
+        if self._target_rows is not None:
+            return self._from_rows(candidate_ids)
         key = tuple(candidate_ids[0].tolist())
         cached = self._target_logits.get(key)
         if cached is None:
@@ -154,6 +166,18 @@ class StepCase:
                 self._target_logits[key] = cached
             return cached
         return cached.clone()
+
+    def _from_rows(self, candidate_ids: torch.Tensor) -> torch.Tensor:
+        length = self.prompt_ids.shape[1]
+        positions = candidate_ids.shape[1] - length + 1
+        rows = self.case.scenario.target.row_index(np.arange(positions), candidate_ids[0, length - 1 :].numpy())
+        kept = [self._target_rows.get(int(row)) for row in rows]
+        if all(part is not None for part in kept):
+            return torch.stack(kept)[None]
+        logits = self.processed_target_logits(candidate_ids)
+        for i, row in enumerate(rows):
+            self._target_rows.setdefault(int(row), logits[0, i].clone())
+        return logits
 
     def processed_target_logits(self, candidate_ids: torch.Tensor) -> torch.Tensor:
         """:meth:`target_logits` computed afresh: the target's forward pass, then the processors."""
@@ -241,7 +265,7 @@ class StepCase:
         vocab = self.case.scenario.vocab_size
         with watched_randomness():
             try:
-                with SamplerLog(vocab, keep=np.flatnonzero(replay).tolist()) as log:
+                with SamplerLog(vocab, keep=np.flatnonzero(replay).tolist(), exact_draws=True) as log:
                     candidate_ids, candidate_logits = self.draft(rows)
             except Timeout:
                 raise
