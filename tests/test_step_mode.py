@@ -147,7 +147,7 @@ def test_history_free_row_caches_give_what_each_prefix_computes(scenario):
     step = StepCase(case)
     assert step._target_rows is not None
     gen = torch.Generator().manual_seed(0)
-    length, vocab = step.prompt_ids.shape[1], case.scenario.vocab_size
+    vocab = case.scenario.vocab_size
     for _ in range(12):
         drafts = torch.randint(0, vocab, (1, case.scenario.gamma), generator=gen)
         candidates = torch.cat([step.prompt_ids, drafts], dim=1)

@@ -29,17 +29,32 @@ from lossless_check.core.errors import GeneratorFailure, NotApplicable, Timeout
 from lossless_check.evidence.analysis import position_tests, sequential_evidence, strata
 from lossless_check.evidence.results import POWER, Case, CaseResult, one_line
 from lossless_check.laws.expected import (
-    UNSAMPLEABLE, ExactLaws, history_free, plain_sampling_fails, processed, unsampleable,
+    UNSAMPLEABLE,
+    ExactLaws,
+    history_free,
+    plain_sampling_fails,
+    processed,
+    unsampleable,
 )
 from lossless_check.laws.stubs import fixed_logits_lm
 from lossless_check.laws.warpers import capture_processors
 from lossless_check.modes.batching import (
-    BATCH_SIZE, STAGE_POWER, decide_batching, draft_lengths, family_flag, rows_per_call,
+    BATCH_SIZE,
+    STAGE_POWER,
+    decide_batching,
+    draft_lengths,
+    family_flag,
+    rows_per_call,
 )
 from lossless_check.modes.observations import Observations, widen
 from lossless_check.modes.randomness import FRESH_LEVEL, fresh_draws_evalue, repeated_noise, watched_randomness
 from lossless_check.modes.replay import (
-    BatchMismatch, SamplerLog, confirm_impossible, impossible_drafts, replay_detectable_tv, replay_rows,
+    BatchMismatch,
+    SamplerLog,
+    confirm_impossible,
+    impossible_drafts,
+    replay_detectable_tv,
+    replay_rows,
     replays_per_chunk,
 )
 from lossless_check.stats import Stratum, law_test
