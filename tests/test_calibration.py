@@ -290,7 +290,9 @@ def test_exact_rates_are_within_alpha_and_catch_alpha_x20():
 # Slow checks: more runs, more alphas
 
 
+# heavy (.ci/run's first step; issue 41: 68 s in the suite).
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_verdict_false_failure_rate_is_within_alpha_slow():
     """2000 null runs per case at alpha 0.01, 0.05 and 0.2. Error rate of the check: <= 1e-4. Fails, with
     probability >= 0.99, a verdict whose true rate were 0.087 at alpha 0.05."""

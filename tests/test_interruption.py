@@ -139,6 +139,8 @@ def kept_chunks(directory: Path) -> int:
     return len(list(directory.glob("*.pkl"))) if directory.is_dir() else 0
 
 
+# heavy (.ci/run's first step; issue 41): three runs of 48,000 trials each (55-72 s in the suite).
+@pytest.mark.heavy
 @needs(DFLASH)
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_a_split_case_killed_midway_resumes_from_its_finished_chunks(tmp_path, how):
@@ -217,6 +219,8 @@ def test_a_kept_chunk_is_read_back_only_under_the_facts_it_was_collected_under(t
     assert store.count() == 0
 
 
+# heavy (.ci/run's first step; issue 41): three gates each (46-75 s in the suite).
+@pytest.mark.heavy
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_a_gate_with_generate_mode_cases_killed_midway_resumes_to_the_uninterrupted_report(tmp_path, how):
     args = ["gate", "--generator", "AssistedCandidateGenerator", "--matrix", "smoke", "--scenario", "iid8",
@@ -240,6 +244,8 @@ def test_a_gate_with_generate_mode_cases_killed_midway_resumes_to_the_uninterrup
     assert (code, without_timings(json.loads((out / "report.json").read_text()))) == expected
 
 
+# heavy (.ci/run's first step; issue 41): three fuzz searches (58 s in the suite).
+@pytest.mark.heavy
 def test_a_fuzz_search_killed_midway_resumes_to_the_uninterrupted_result(tmp_path):
     """SIGKILL with some stacks checked: ``fuzz --resume`` checks only the others (each statistical test at
     the alpha the uninterrupted search gave it) and ends with the uninterrupted search's JSON."""

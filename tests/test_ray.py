@@ -31,6 +31,8 @@ def report(tmp_path: Path, name: str, *extra: str) -> list[dict]:
     return [{k: v for k, v in case.items() if k not in TIMINGS} for case in json.loads(out.read_text())["cases"]]
 
 
+# heavy (.ci/run's first step; issue 41): a two-node cluster and a local run (61 s in the suite).
+@pytest.mark.heavy
 @needs(DFLASH)
 def test_a_two_node_cluster_gives_the_local_pools_report(tmp_path):
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})

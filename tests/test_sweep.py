@@ -207,6 +207,8 @@ def _clean_environ() -> dict[str, str]:
 MTP_BISECT = ["bisect", "--generator", "MTPCandidateGenerator", "--warpers", "top_k=3", "--scenario", "iid8"]
 
 
+# heavy (.ci/run's first step; issue 41): installs and runs three releases (100 s in the suite).
+@pytest.mark.heavy
 def test_bisect_names_the_release_that_fixed_mtp(tmp_path):
     """MTP of 5.14.x-5.15.0 returns raw logits while it samples processed ones (fixed in 5.15.1). Run as a
     user would: from an empty directory, by a fresh virtualenv that alone holds torch and the harness
