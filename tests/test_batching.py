@@ -302,3 +302,63 @@ def test_5_16_block_drafters_cut_every_row_at_row_0s_eos_so_they_do_not_batch(na
                 assert (drafts[:, -1] != EOS).any()  # ... and rows that did not are cut with it
                 return
     pytest.fail("no draft ended at EOS in 30 calls")
+
+
+def _draws_pvalue(sample, weights: "torch.Tensor", n: int) -> float:
+    """Chi-square p-value of ``n`` draws a row by ``sample(weights) -> (rows, 1)`` against ``weights / sum``
+    (the rows pooled: one statistic, the degrees of freedom summed); a draw of zero weight fails at once."""
+    import numpy as np
+    from scipy.stats import chi2
+
+    counts = np.zeros(tuple(weights.shape))
+    for _ in range(n):
+        tokens = sample(weights)[:, 0].numpy()
+        counts[np.arange(len(tokens)), tokens] += 1
+    law = (weights / weights.sum(-1, keepdim=True)).double().numpy()
+    keep = law > 0
+    assert counts[~keep].sum() == 0
+    expected = n * law[keep]
+    return float(chi2.sf(((counts[keep] - expected) ** 2 / expected).sum(), int(keep.sum()) - len(law)))
+
+
+def test_a_batched_calls_draws_by_inverse_cdf_come_from_the_weights_law():
+    """The law ``torch.multinomial`` samples, one token a row, zero weights never drawn (chi-square over
+    3 rows x 2,000 draws, seeded; false failure 1e-6). Control: the same test rejects draws from the
+    squared weights (the test can fail)."""
+    from lossless_check.modes.interception import inverse_cdf_multinomial
+
+    torch.manual_seed(0)
+    weights = torch.tensor([[0.5, 0.0, 0.2, 0.3, 0.0], [1.0, 2.0, 3.0, 4.0, 0.0], [0.0, 0.0, 0.0, 7.0, 1e-3]])
+    sample = inverse_cdf_multinomial(torch.multinomial)
+    assert _draws_pvalue(lambda w: sample(w, 1), weights, 2000) > 1e-6
+    assert _draws_pvalue(lambda w: sample(w ** 2, 1), weights, 2000) < 1e-6
+
+
+def test_anything_but_one_token_a_row_of_valid_weights_goes_to_torch():
+    """Several tokens, one row, a private generator, ``out=`` and invalid weights call torch's own
+    ``multinomial``, which draws or raises as it would."""
+    from lossless_check.modes.interception import inverse_cdf_multinomial
+
+    calls = []
+
+    def original(*args, **kwargs):
+        calls.append((args, kwargs))
+        return torch.multinomial(*args, **kwargs)
+
+    sample = inverse_cdf_multinomial(original)
+    weights = torch.ones(4, 6)
+    sample(weights, 1)
+    sample(weights, num_samples=1, replacement=True)
+    assert calls == []
+    sample(weights, 2)
+    sample(weights[0], 1)
+    sample(weights, 1, generator=torch.Generator().manual_seed(0))
+    assert len(calls) == 3
+    for bad in (float("nan"), float("inf"), -1.0):
+        broken = weights.clone()
+        broken[2, 3] = bad
+        with pytest.raises(RuntimeError):
+            sample(broken, 1)
+    with pytest.raises(RuntimeError):
+        sample(torch.zeros(3, 6), 1)  # a row of zero weights: torch refuses it
+    assert len(calls) == 7

@@ -145,13 +145,13 @@ def test_history_free_row_caches_give_what_each_prefix_computes(scenario):
     stack = {"top_k": 5, "temperature": 0.8} if scenario == "markov8" else {"top_k": 50}
     case = Case(resolve_generator("AssistedCandidateGenerator"), stack, scenario=SCENARIOS[scenario])
     step = StepCase(case)
-    assert step._target_rows is not None
+    assert step.target_side.by_row is not None
     gen = torch.Generator().manual_seed(0)
     vocab = case.scenario.vocab_size
     for _ in range(12):
         drafts = torch.randint(0, vocab, (1, case.scenario.gamma), generator=gen)
         candidates = torch.cat([step.prompt_ids, drafts], dim=1)
-        assert torch.equal(step.target_logits(candidates), step.processed_target_logits(candidates))
+        assert torch.equal(step.target_logits(candidates), step.target_side.computed(candidates))
         fresh = ExactLaws(case.scenario, None)
         fresh.processors, fresh._by_row = step.processors, None
         prefix = tuple(drafts[0, :2].tolist())
@@ -159,4 +159,4 @@ def test_history_free_row_caches_give_what_each_prefix_computes(scenario):
         assert np.array_equal(step.laws.drafter(prefix), fresh.drafter(prefix))
     dependent = StepCase(Case(resolve_generator("AssistedCandidateGenerator"), {"repetition_penalty": 2.0},
                               scenario=SCENARIOS["markov8"]))
-    assert dependent._target_rows is None and dependent.laws._by_row is None
+    assert dependent.target_side.by_row is None and dependent.laws._by_row is None

@@ -7,7 +7,8 @@ generator; the target's logits for every candidate position, processed by the re
 
 **Batched trials.** Where the generator family can draft several rows in one real
 ``get_candidates`` call (``adapter.batchable``, or a user's factory), the trials of a chunk are the
-rows of calls on :data:`BATCH_SIZE` identical prompt rows, and each row then goes alone through the
+rows of calls on :data:`BATCH_SIZE` identical prompt rows (fewer at a large vocabulary:
+:func:`~.batching.rows_per_call`), and each row then goes alone through the
 verifier. The real loop only ever calls a generator with one row, so rows drawn at random from those
 calls are replayed at batch 1 with the same draws (:mod:`.replay`): at the first row that differs
 the case starts again at batch 1 and says why, and a batched case's ``tv_detectable`` is the one that
@@ -28,14 +29,7 @@ from lossless_check.core.compat import generator_processors, speculative_samplin
 from lossless_check.core.errors import GeneratorFailure, NotApplicable, Timeout
 from lossless_check.evidence.analysis import position_tests, sequential_evidence, strata
 from lossless_check.evidence.results import POWER, Case, CaseResult, one_line
-from lossless_check.laws.expected import (
-    UNSAMPLEABLE,
-    ExactLaws,
-    history_free,
-    plain_sampling_fails,
-    processed,
-    unsampleable,
-)
+from lossless_check.laws.expected import UNSAMPLEABLE, ExactLaws, plain_sampling_fails, unsampleable
 from lossless_check.laws.stubs import fixed_logits_lm
 from lossless_check.laws.warpers import capture_processors
 from lossless_check.modes.batching import (
@@ -57,12 +51,11 @@ from lossless_check.modes.replay import (
     replay_rows,
     replays_per_chunk,
 )
+from lossless_check.modes.target_side import TargetLogits
 from lossless_check.stats import Stratum, law_test
 from lossless_check.subjects.adapters import DraftContext
 from lossless_check.subjects.candidates import check_candidates
 
-#: Memory the per-case cache of processed target logits may hold.
-TARGET_CACHE_BYTES = 256 * 2**20
 #: ``max_new_tokens`` of the generation config in step mode: far enough that no candidate is cut.
 STEP_MAX_NEW_TOKENS = 64
 
@@ -87,9 +80,7 @@ class StepCase:
         self.stops_at_eos = family_flag(case.generator.adapter, "drafts_stop_at_eos")
         self._session = None
         self._batching: tuple[int, str] | None = None
-        self._target_logits: dict[tuple[int, ...], torch.Tensor] = {}
-        #: Under a history-free stack, processed target rows by table row (:meth:`target_logits`).
-        self._target_rows: dict[int, torch.Tensor] | None = {} if history_free(self.processors) else None
+        self.target_side = TargetLogits(scenario.target, self.target, self.processors, self.prompt_ids)
 
     # -- the generator -------------------------------------------------------------------------
 
@@ -159,48 +150,8 @@ class StepCase:
     # -- the target ----------------------------------------------------------------------------
 
     def target_logits(self, candidate_ids: torch.Tensor) -> torch.Tensor:
-        """The verifier's ``new_logits``: the target's logits at every candidate position, each
-        processed by the real processors with the candidate prefix as history, as ``_assisted_decoding``
-        computes them.
-
-        They are a deterministic function of the candidate sequence (fixed tables, deterministic
-        processors), and a small vocabulary has few distinct sequences: each is computed once per
-        case and process (up to :data:`TARGET_CACHE_BYTES`: a large vocabulary has many distinct,
-        large ones), and the verifier gets a fresh copy every trial. Under a
-        :func:`~lossless_check.laws.expected.history_free` stack a processed position depends only on the
-        table row the target emits there: rows are kept instead, and a candidate whose rows are all
-        kept is put together from them.
-        """
-        if self._target_rows is not None:
-            return self._from_rows(candidate_ids)
-        key = tuple(candidate_ids[0].tolist())
-        cached = self._target_logits.get(key)
-        if cached is None:
-            cached = self.processed_target_logits(candidate_ids)
-            if (len(self._target_logits) + 1) * cached.numel() * cached.element_size() <= TARGET_CACHE_BYTES:
-                self._target_logits[key] = cached
-            return cached
-        return cached.clone()
-
-    def _from_rows(self, candidate_ids: torch.Tensor) -> torch.Tensor:
-        length = self.prompt_ids.shape[1]
-        positions = candidate_ids.shape[1] - length + 1
-        rows = self.case.scenario.target.row_index(np.arange(positions), candidate_ids[0, length - 1 :].numpy())
-        kept = [self._target_rows.get(int(row)) for row in rows]
-        if all(part is not None for part in kept):
-            return torch.stack(kept)[None]
-        logits = self.processed_target_logits(candidate_ids)
-        for i, row in enumerate(rows):
-            self._target_rows.setdefault(int(row), logits[0, i].clone())
-        return logits
-
-    def processed_target_logits(self, candidate_ids: torch.Tensor) -> torch.Tensor:
-        """:meth:`target_logits` computed afresh: the target's forward pass, then the processors."""
-        length, gamma = self.prompt_ids.shape[1], candidate_ids.shape[1] - self.prompt_ids.shape[1]
-        logits = self.target(candidate_ids).logits[:, -gamma - 1 :].to(torch.float32)
-        for i in range(gamma + 1):
-            logits[:, i, :] = processed(self.processors, candidate_ids[:, : length + i], logits[:, i, :])
-        return logits
+        """The verifier's ``new_logits`` for a candidate (:meth:`.target_side.TargetLogits.of`)."""
+        return self.target_side.of(candidate_ids)
 
     # -- trials --------------------------------------------------------------------------------
 
