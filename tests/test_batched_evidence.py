@@ -81,6 +81,8 @@ def test_fresh_draws_evalue_is_calibrated_and_sees_repeated_draws():
 # -- per-position figures --------------------------------------------------------------------------
 
 
+# heavy (.ci/run's first step; issue 41): 20 s or more in the suite (24 s on 2 cores).
+@pytest.mark.heavy
 def test_a_batched_case_states_nothing_past_position_1_it_cannot_prove():
     """A batch-1 bug confined to the path through a rare first draft (position 2's conditional law
     moved there): the case is caught, runs at batch 1 (its own per-position figures), or states no
@@ -193,7 +195,9 @@ def position_2_misses(tv: float, scenario) -> int:
     return misses
 
 
+# heavy (.ci/run's first step; issue 41): 20 s or more in the suite (26 s on 2 cores).
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_a_bug_at_the_stated_position_2_figure_of_a_batch_1_case_is_caught_and_a_shrunk_figure_is_not():
     """A batch-1 case states ``tv_detectable`` at position 2 from the trials that reached it; a generator
     whose position-2 law sits exactly at that figure is caught at the stated power (30 runs). Negative

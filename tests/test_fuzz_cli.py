@@ -19,8 +19,10 @@ THREE_WAY = ["AssistedWrongUnderTemperatureTopKRepetition", "DFlashWrongUnderNgr
              "DFlashWrongUnderTypicalBiasSuppress"]
 
 
+# heavy (.ci/run's first step; issue 41): 20 s or more in the suite (25-52 s each on 2 cores).
 @pytest.mark.slow
 @pytest.mark.parametrize("name", THREE_WAY)
+@pytest.mark.heavy
 def test_default_budget_finds_a_three_way_bug_and_prints_exactly_its_three_options(name, tmp_path, capsys):
     report = tmp_path / "fuzz.json"
     started = time.process_time()  # CPU seconds: the machine's other load does not count
@@ -38,6 +40,8 @@ def test_default_budget_finds_a_three_way_bug_and_prints_exactly_its_three_optio
     assert main(command[:command.index("--seed")] + ["--quiet"]) == 1
 
 
+# heavy (.ci/run's first step; issue 41): 20 s or more in the suite (45 s on 2 cores).
+@pytest.mark.heavy
 def test_a_failing_stack_is_replayed_first_from_the_database(tmp_path):
     generator = "fixtures.three_way:DFlashWrongUnderTypicalBiasSuppress"
     first = fuzzing.fuzz(generator, database=str(tmp_path))
@@ -131,7 +135,9 @@ def test_fuzz_usage_errors_are_one_line(capsys):
     assert len(capsys.readouterr().err.strip().splitlines()) == 2
 
 
+# heavy (.ci/run's first step; issue 41): 20 s or more in the suite (38 s on 2 cores).
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_a_generator_that_raises_is_an_error_not_a_losslessness_verdict_and_fuzz_leaves_no_hypothesis_dir(tmp_path):
     """Exit 1 (an error verdict, DESIGN.md), worded as an error; no ETA line; hypothesis's caches under
     the example database, never ./.hypothesis; the installed verifier's state on a line of its own."""

@@ -274,6 +274,8 @@ def test_a_fuzz_search_killed_midway_resumes_to_the_uninterrupted_result(tmp_pat
     assert result(tmp_path / "r.json") == result(tmp_path / "fresh.json")
 
 
+# heavy (.ci/run's first step; issue 41): 20 s or more in the suite (22 s on 2 cores).
+@pytest.mark.heavy
 def test_a_sweep_resumed_continues_a_release_run_that_was_killed(tmp_path, monkeypatch):
     """``sweep --resume``: a release's run killed midway (SIGKILL) goes on from its journal and chunks
     (``run --resume``), and its report is the uninterrupted run's."""

@@ -123,7 +123,9 @@ def test_greedy_negative_control(pair, tmp_path):
     assert row["verdict"] == "not_lossless" and row["greedy"]["differ"] > 0 and "greedy:" in row["reason"]
 
 
+# heavy (.ci/run's first step; issue 41): 20 s or more in the suite (23 s on 2 cores).
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_null_runs_at_a_loose_alpha_do_not_reject(pair):
     """The false-failure side on the real pair: built-in Assisted, alpha 0.05, three seeds. Each rejects with
     probability at most 0.05 (Ville), so all three pass unless the test is invalid (or 1 time in 7, by chance:
@@ -140,6 +142,8 @@ def _without_timings(report):
     return {**report, "cases": [{k: v for k, v in c.items() if k != "seconds"} for c in report["cases"]]}
 
 
+# heavy (.ci/run's first step; issue 41): 20 s or more in the suite (31 s on 2 cores).
+@pytest.mark.heavy
 def test_workers_give_the_same_report(pair, tmp_path):
     """Calls spread over 2 worker processes, folded in call order: the same report as 1 worker, for a row
     that runs all its calls and for one the bet stops early (the raw-logits mutant at alpha 0.05),

@@ -149,7 +149,9 @@ def _run_downstream(pytester, *args):
     return cases
 
 
+# heavy (.ci/run's first step; issue 41): 20 s or more in the suite (38 s on 2 cores).
 @needs(DFLASH)
+@pytest.mark.heavy
 def test_downstream_suite_serial_and_xdist(pytester, monkeypatch):
     """A correct generator passes, a mutant fails readably; under -n 2 the merged report has the same checks."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
