@@ -119,7 +119,7 @@ def bare_verifier_loop_large(step: StepCase, trials: int) -> float:
     gamma, prompt = step.positions - 1, step.prompt_ids
     laws = [torch.tensor(step.laws.drafter((0,) * j), dtype=torch.float32) for j in range(gamma)]
     log_laws = torch.stack([torch.log(q) for q in laws])[None]
-    target = step.processed_target_logits(torch.cat([prompt, torch.zeros(1, gamma, dtype=torch.long)], dim=1))
+    target = step.target_side.computed(torch.cat([prompt, torch.zeros(1, gamma, dtype=torch.long)], dim=1))
     started = time.perf_counter()
     with torch.no_grad():
         for _ in range(trials):

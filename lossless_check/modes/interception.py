@@ -150,7 +150,7 @@ def inverse_cdf_multinomial(original):
         weights = call_argument(args, kwargs, 0, "input")
         if (len(args) + len(kwargs) > 3 or set(kwargs) - {"input", "num_samples", "replacement"}
                 or call_argument(args, kwargs, 1, "num_samples") != 1 or not isinstance(weights, torch.Tensor)
-                or weights.dim() != 2 or weights.shape[0] < 2 or not weights.is_floating_point()
+                or weights.dim() != 2 or weights.shape[0] < 2 or weights.shape[1] < 1 or not weights.is_floating_point()
                 or weights.device.type != "cpu" or not float(weights.amin()) >= 0  # NaN: not >= 0
                 or not bool(torch.isfinite(weights.sum(-1, dtype=torch.float64)).all())):
             return original(*args, **kwargs)
