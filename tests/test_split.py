@@ -87,3 +87,34 @@ def test_a_chunks_trials_do_not_depend_on_the_chunks_collected_before():
     parts = [seen.collect_here(c, *chunk_plan(case, 1000, 0, c)) for c in range(3)]
     fresh = StepRun(case, 1000, 0, 1e-6).collect_here(2, *chunk_plan(case, 1000, 0, 2))
     assert np.array_equal(parts[2].emitted, fresh.emitted) and np.array_equal(parts[2].n_matches, fresh.n_matches)
+
+
+def test_a_generator_managing_its_own_randomness_runs_whole(monkeypatch):
+    """Its trials come from its own stream, not from the chunk seeds (two processes may draw the same
+    private stream): once the watch sees it, chunks collected in other processes are not the case's, and
+    it runs whole, its reason saying so. Control: the built-in Assisted beside it splits and keeps its chunks."""
+    from lossless_check.modes.randomness import OWN_RANDOMNESS
+
+    cases = cases_for(["fixtures.mutants.private_randomness:PrivateGenerator", "AssistedCandidateGenerator"],
+                      ["top_k=3"], None, "step", "markov8")
+    split, ran_whole = [], []
+    original, real_fetch = scheduler.SplitCase.__init__, scheduler.SplitCase.fetch
+
+    def counted(self, index, *args, **kwargs):
+        split.append(index)
+        original(self, index, *args, **kwargs)
+
+    def fetch(self, *args):
+        try:
+            return real_fetch(self, *args)
+        except scheduler._NotSplittable:
+            ran_whole.append(self.index)
+            raise
+
+    monkeypatch.setattr(scheduler.SplitCase, "__init__", counted)
+    monkeypatch.setattr(scheduler.SplitCase, "fetch", fetch)
+    monkeypatch.setattr(scheduler, "should_split", lambda *args: True)
+    private, builtin = run_cases(cases, 1000, 1e-6, 0, workers=2).cases
+    assert sorted(set(split)) == [0, 1] and set(ran_whole) == {0}
+    assert OWN_RANDOMNESS in private.batch["note"] and private.batch["batch_size"] == 1
+    assert builtin.verdict == "lossless" and OWN_RANDOMNESS not in builtin.batch["note"]

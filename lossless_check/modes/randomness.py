@@ -143,6 +143,17 @@ def fresh_draws_evalue(calls: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
     return float(mixture_log_evalues(np.array(ids), np.array(tokens), laws)[-1])
 
 
+#: Said in the batch-1 reason (a case's state) of a generator the watch saw manage its own randomness.
+OWN_RANDOMNESS = "its trials come from randomness it manages itself, not from the run's seeds"
+
+
+def owns_randomness(state: str | None) -> bool:
+    """Whether a case's state (its batch-1 reason) says its generator manages its own randomness: its
+    trials then depend on the process that drew them (two processes may draw one private stream), so
+    its chunks are never mixed across processes (:meth:`~.step_run.StepRun.facts`)."""
+    return state is not None and OWN_RANDOMNESS in state
+
+
 @contextmanager
 def watched_randomness():
     """Raise :class:`~.replay.BatchMismatch` when the calls made inside seed, restore or privately
@@ -151,7 +162,8 @@ def watched_randomness():
         yield
     if watch.seen:
         raise BatchMismatch(f"the generator {watch.seen[0]} during get_candidates: its batch-1 draws may not be "
-                            f"the fresh draws the forced replays stand for")
+                            f"the fresh draws the forced replays stand for, and {OWN_RANDOMNESS} (the case runs "
+                            f"in one process; its figures may differ between runs of the same seed)")
 
 
 def repeated_noise(noise: list[torch.Tensor]) -> bool:

@@ -4,12 +4,14 @@ chunk store, analysed at each look, with a batched result never failing the case
 
 from __future__ import annotations
 
+import os
+
 from lossless_check.evidence.analysis import stop_sequentially
 from lossless_check.evidence.attribution import accepted_impossible, attribute, without
 from lossless_check.evidence.results import Case, CaseResult
 from lossless_check.modes.batching import BATCH_SIZE
 from lossless_check.modes.observations import Observations
-from lossless_check.modes.randomness import FRESH_CALLS
+from lossless_check.modes.randomness import FRESH_CALLS, owns_randomness
 from lossless_check.modes.replay import BatchMismatch, replays_per_chunk
 from lossless_check.modes.step import StepCase, skip_reason
 from lossless_check.running.chunks import guarded, kept, run_in_chunks, within_deadline
@@ -61,8 +63,13 @@ class StepRun:
             self._step.run_at_batch_1(state)
 
     def facts(self):
-        """What the generator was built with here (e.g. a fast tokenizer's vocabulary order, per process)."""
-        return getattr(self.step.session(), "facts", None)
+        """What the generator was built with here (e.g. a fast tokenizer's vocabulary order, per process);
+        for a generator that manages its own randomness, this process too (:func:`~.randomness.owns_randomness`):
+        chunks collected elsewhere, or kept by an earlier run, are then not this case's."""
+        facts = getattr(self.step.session(), "facts", None)
+        if owns_randomness(self._batch_1):
+            return {"randomness_of_process": os.getpid(), **(facts or {})}
+        return facts
 
     def collect_here(self, chunk: int, size: int, chunk_seed: int) -> Observations:
         """One chunk, collected in this process under the per-chunk deadline."""
