@@ -25,6 +25,29 @@ def rows(result) -> list[dict]:
     return [{k: v for k, v in dataclasses.asdict(c).items() if k not in TIMINGS} for c in result.cases]
 
 
+def watch_splits(monkeypatch) -> tuple[list[int], list[int]]:
+    """Force every case to split; return the lists the run fills: the indices of the cases split, and of
+    those that then ran whole (a chunk came from another process's facts)."""
+    split, ran_whole = [], []
+    original, real_fetch = scheduler.SplitCase.__init__, scheduler.SplitCase.fetch
+
+    def counted(self, index, *args, **kwargs):
+        split.append(index)
+        original(self, index, *args, **kwargs)
+
+    def fetch(self, *args):
+        try:
+            return real_fetch(self, *args)
+        except scheduler._NotSplittable:
+            ran_whole.append(self.index)
+            raise
+
+    monkeypatch.setattr(scheduler.SplitCase, "__init__", counted)
+    monkeypatch.setattr(scheduler.SplitCase, "fetch", fetch)
+    monkeypatch.setattr(scheduler, "should_split", lambda *args: True)
+    return split, ran_whole
+
+
 def test_a_case_splits_only_where_workers_would_idle():
     big = 4 * MIN_SPLIT_SECONDS
     assert not should_split(big, big, 1, slots=1)  # one worker: nothing to share
@@ -42,25 +65,7 @@ def test_split_cases_give_the_unsplit_runs_json(monkeypatch):
     # the other cases on its p-value.
     fast = cases_for(["UniversalSpeculativeDecodingGenerator"], ["top_k=3"], None, "step", "iid32-fast-tokenizers")
     whole = run_cases(cases, 1500, 1e-6, 0, workers=1)
-    split, ran_whole = [], []
-    original = scheduler.SplitCase.__init__
-
-    def counted(self, index, *args, **kwargs):
-        split.append(index)
-        original(self, index, *args, **kwargs)
-
-    real_fetch = scheduler.SplitCase.fetch
-
-    def fetch(self, *args):
-        try:
-            return real_fetch(self, *args)
-        except scheduler._NotSplittable:
-            ran_whole.append(self.index)
-            raise
-
-    monkeypatch.setattr(scheduler.SplitCase, "__init__", counted)
-    monkeypatch.setattr(scheduler.SplitCase, "fetch", fetch)
-    monkeypatch.setattr(scheduler, "should_split", lambda *args: True)
+    split, ran_whole = watch_splits(monkeypatch)
     on_two = run_cases(cases, 1500, 1e-6, 0, workers=2)
     assert sorted(set(split)) == [0, 1, 2]
     before = rows(whole)
@@ -97,23 +102,7 @@ def test_a_generator_managing_its_own_randomness_runs_whole(monkeypatch):
 
     cases = cases_for(["fixtures.mutants.private_randomness:PrivateGenerator", "AssistedCandidateGenerator"],
                       ["top_k=3"], None, "step", "markov8")
-    split, ran_whole = [], []
-    original, real_fetch = scheduler.SplitCase.__init__, scheduler.SplitCase.fetch
-
-    def counted(self, index, *args, **kwargs):
-        split.append(index)
-        original(self, index, *args, **kwargs)
-
-    def fetch(self, *args):
-        try:
-            return real_fetch(self, *args)
-        except scheduler._NotSplittable:
-            ran_whole.append(self.index)
-            raise
-
-    monkeypatch.setattr(scheduler.SplitCase, "__init__", counted)
-    monkeypatch.setattr(scheduler.SplitCase, "fetch", fetch)
-    monkeypatch.setattr(scheduler, "should_split", lambda *args: True)
+    split, ran_whole = watch_splits(monkeypatch)
     private, builtin = run_cases(cases, 1000, 1e-6, 0, workers=2).cases
     assert sorted(set(split)) == [0, 1] and set(ran_whole) == {0}
     assert OWN_RANDOMNESS in private.batch["note"] and private.batch["batch_size"] == 1
