@@ -151,12 +151,11 @@ def inverse_cdf_multinomial(original):
         if (len(args) + len(kwargs) > 3 or set(kwargs) - {"input", "num_samples", "replacement"}
                 or call_argument(args, kwargs, 1, "num_samples") != 1 or not isinstance(weights, torch.Tensor)
                 or weights.dim() != 2 or weights.shape[0] < 2 or weights.shape[1] < 1 or not weights.is_floating_point()
-                or weights.device.type != "cpu" or not float(weights.amin()) >= 0  # NaN: not >= 0
-                or not bool(torch.isfinite(weights.sum(-1, dtype=torch.float64)).all())):
+                or weights.device.type != "cpu" or not float(weights.amin()) >= 0):  # NaN: not >= 0
             return original(*args, **kwargs)
         cdf = weights.detach().to(torch.float64).cumsum(-1)
-        total = cdf[:, -1:]
-        if not bool((total > 0).all()):
+        total = cdf[:, -1:]  # NaN or inf in a row ends its cumulative sum there
+        if not bool((torch.isfinite(total) & (total > 0)).all()):
             return original(*args, **kwargs)
         u = torch.rand(total.shape, dtype=torch.float64) * total
         return torch.searchsorted(cdf, u, right=True).clamp_(max=weights.shape[1] - 1)
