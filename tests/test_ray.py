@@ -94,7 +94,8 @@ def test_a_node_lost_mid_run_costs_a_retry_of_its_chunk_not_of_the_case(tmp_path
     cases = cases_for(["fixtures.counting:CountingAssisted"], ["top_k=3"], None, "step", "iid8")
     rows = lambda run: [{k: v for k, v in dataclasses.asdict(c).items() if k not in TIMINGS}  # noqa: E731
                         for c in run.cases]
-    calls = lambda path: [tuple(map(int, line.split())) for line in path.read_text().splitlines()] if path.exists() else []  # noqa: E731
+    calls = lambda path: [tuple(map(int, line.split()))  # noqa: E731 - (rows, process) of each call
+                          for line in path.read_text().splitlines()] if path.exists() else []
     counted = lambda path: sum(rows for rows, _ in calls(path))  # noqa: E731
     monkeypatch.syspath_prepend(str(ROOT))
     # Each run probes the generator once, in this process, as a fresh run does (the probe is kept per
