@@ -47,7 +47,8 @@ def test_a_defect_of_batched_calls_only_never_fails_the_case():
 # -- randomness the replays cannot see ----------------------------------------------------------
 
 RANDOMNESS = {"ReseededPrivateStream": "fork_rng", "PrivateGenerator": "torch.Generator",
-              "RestoresRngState": "set_rng_state", "SeedBoundAtImport": "unforced batch-1 calls"}
+              "RestoresRngState": "set_rng_state", "SeedBoundAtImport": "unforced batch-1 calls",
+              "NumpyPrivateStream": "numpy Generator"}
 
 
 @pytest.mark.parametrize("name", sorted(RANDOMNESS))

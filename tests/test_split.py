@@ -107,3 +107,37 @@ def test_a_generator_managing_its_own_randomness_runs_whole(monkeypatch):
     assert sorted(set(split)) == [0, 1] and set(ran_whole) == {0}
     assert OWN_RANDOMNESS in private.batch["note"] and private.batch["batch_size"] == 1
     assert builtin.verdict == "lossless" and OWN_RANDOMNESS not in builtin.batch["note"]
+
+
+def test_a_batch_1_generator_managing_its_own_randomness_runs_whole(monkeypatch):
+    """Batch-1 trials (the real loop's calls) are watched too: a drafter drawing from one private stream
+    per process (seeded at import: two workers draw the same stream) runs whole, its reason saying why.
+    Control: the built-in Assisted beside it, at batch 1 too, splits."""
+    from lossless_check.modes.randomness import OWN_RANDOMNESS
+
+    cases = cases_for(["fixtures.mutants.private_randomness:ProcessStream", "AssistedCandidateGenerator"],
+                      ["top_k=3"], None, "step", "markov8")
+    split, ran_whole = watch_splits(monkeypatch)
+    private, builtin = run_cases(cases, 1000, 1e-6, 0, workers=2, batch_size=1).cases
+    assert sorted(set(split)) == [0, 1] and set(ran_whole) == {0}
+    assert private.verdict == "lossless" and OWN_RANDOMNESS in private.batch["note"], private.batch
+    assert private.batch["batch_size"] == 1
+    assert builtin.verdict == "lossless" and OWN_RANDOMNESS not in builtin.batch["note"]
+
+
+def test_a_chunk_drawing_from_numpys_global_stream_is_a_function_of_its_seed():
+    """Numpy's and Python's global streams are seeded with each chunk's seed, as torch's is: a drafter
+    drawing its draft length from numpy's stream (lossless) collects the same chunk whatever was drawn
+    before (without the seeding: the draft lengths follow numpy's state, and the chunks differ)."""
+    import numpy as np
+
+    from lossless_check.modes.step_run import StepRun
+    from lossless_check.running.chunks import chunk_plan
+
+    [case] = cases_for(["fixtures.mutants.private_randomness:NumpyDraftLength"], ["top_k=3"], None, "step",
+                       "markov8")
+    first = StepRun(case, 1000, 0, 1e-6, batch_size=1).collect_here(1, *chunk_plan(case, 1000, 0, 1))
+    np.random.seed(7)
+    again = StepRun(case, 1000, 0, 1e-6, batch_size=1).collect_here(1, *chunk_plan(case, 1000, 0, 1))
+    assert len(set(first.drafts.tolist())) == 3  # 1 to 3 tokens: its trials do depend on numpy's draws
+    assert np.array_equal(first.emitted, again.emitted) and np.array_equal(first.drafts, again.drafts)

@@ -21,9 +21,21 @@ only moves it to batch 1, where the real loop's own behaviour is tested):
   batch 1. It sees draws that repeat across calls or ignore their laws, whatever stream made them
   (e.g. a stream re-seeded through a function bound before the watch, ``from torch import manual_seed``).
 
+The watch also sees Python's ``random`` and numpy's: a call that seeds or restores their global
+streams, or builds a ``random.Random`` or a numpy ``Generator``/``RandomState``. Their global streams
+are seeded with each chunk's seed (:func:`seed_streams`, as ``transformers.set_seed`` does), so a
+generator drawing from them as they stand still has trials that are a function of the seed alone.
+
+**Batch-1 trials are watched too** (:class:`OwnRandomness`, recording only: they are the real loop's
+calls already). A generator seen managing its own randomness (batched, replayed or at batch 1) has
+trials that depend on the process that drew them, not on the run's seeds alone (a private stream
+seeded once per process is the same stream in two processes): its case runs in one process
+(:meth:`~.step_run.StepRun.facts`) and its reason says so.
+
 What remains assumed: that a generator whose calls pass both is drawing, at batch 1, as the batched
-rows' forced replays do: e.g. randomness from outside torch (``random``, ``numpy``) that only changes
-which law a draw is taken from is not seen by either check. A sampler that draws by noise (Gumbel-max,
+rows' forced replays do: e.g. randomness from outside torch that only changes which law a draw is
+taken from, drawn from a stream built before the watch (a module-level numpy ``Generator``), is not
+seen by either check. A sampler that draws by noise (Gumbel-max,
 an exponential race) makes no ``torch.multinomial`` draw for the e-value to test: for it, beside
 :class:`RandomnessWatch`, the unforced calls' noise tensors must all differ (:func:`repeated_noise`:
 noise reused across calls); that it is otherwise fresh (e.g. not a function of the prompt) is assumed.
@@ -32,6 +44,7 @@ noise reused across calls); that it is otherwise fresh (e.g. not a function of t
 from __future__ import annotations
 
 import math
+import random
 from contextlib import contextmanager
 
 import numpy as np
@@ -49,6 +62,17 @@ _RESEEDING = (("manual_seed", "seeds torch's global stream (torch.manual_seed)")
               ("seed", "re-seeds torch's global stream (torch.seed)"),
               ("set_rng_state", "restores torch's random state (set_rng_state)"),
               ("fork_rng", "forks and restores torch's random state (fork_rng)"))
+#: The same for Python's and numpy's global streams (the module, its attribute, what it does).
+_RESEEDING_OTHERS = ((random, "seed", "seeds Python's random stream (random.seed)"),
+                     (random, "setstate", "restores Python's random state (random.setstate)"),
+                     (np.random, "seed", "seeds numpy's global stream (numpy.random.seed)"),
+                     (np.random, "set_state", "restores numpy's random state (numpy.random.set_state)"),
+                     (np.random, "default_rng", "builds a private numpy Generator (numpy.random.default_rng)"))
+#: Classes of private streams: building one while watched is seen (the module, the class's name, what).
+_PRIVATE_STREAMS = ((torch, "Generator", "builds a private torch.Generator"),
+                    (random, "Random", "builds a private random.Random"),
+                    (np.random, "Generator", "builds a private numpy Generator"),
+                    (np.random, "RandomState", "builds a private numpy RandomState"))
 #: Sampling ops that take ``generator=``.
 _SAMPLING = ((torch, ("multinomial", "rand", "rand_like", "randn", "randn_like", "randint", "randint_like",
                       "randperm", "bernoulli", "normal", "poisson")),
@@ -69,11 +93,14 @@ class RandomnessWatch:
             for name, what in _RESEEDING:
                 if hasattr(owner, name):
                     self._wrap(owner, name, lambda *a, _what=what, **k: _what)
+        for owner, name, what in _RESEEDING_OTHERS:
+            self._wrap(owner, name, lambda *a, _what=what, **k: _what)
         for owner, names in _SAMPLING:
             for name in names:
                 if hasattr(owner, name):
                     self._wrap(owner, name, self._private_generator(name))
-        self._replace_generator_class()
+        for owner, name, what in _PRIVATE_STREAMS:
+            self._replace_class(owner, name, what)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -100,19 +127,18 @@ class RandomnessWatch:
             return None if generator is None else f"draws from a private torch.Generator ({name}(generator=...))"
         return what
 
-    def _replace_generator_class(self) -> None:
-        """``torch.Generator`` is a subclass recording that one was built (or seeded) while active."""
-        original, seen = torch.Generator, self.seen
+    def _replace_class(self, owner, name: str, note: str) -> None:
+        """``owner.name`` is a subclass recording, while active, that one was built."""
+        original, seen = getattr(owner, name), self.seen
 
-        class WatchedGenerator(original):
+        class Watched(original):
             def __init__(self, *args, **kwargs):
-                note = "builds a private torch.Generator"
                 if note not in seen:
                     seen.append(note)
                 super().__init__(*args, **kwargs)
 
-        torch.Generator = WatchedGenerator
-        self._undo.append(lambda: setattr(torch, "Generator", original))
+        setattr(owner, name, Watched)
+        self._undo.append(lambda: setattr(owner, name, original))
 
 
 def fresh_draws_evalue(calls: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
@@ -154,16 +180,55 @@ def owns_randomness(state: str | None) -> bool:
     return state is not None and OWN_RANDOMNESS in state
 
 
+def own_randomness_reason(seen: str) -> str:
+    """What a case's reason says of a generator the watch saw do ``seen`` (:func:`owns_randomness`)."""
+    return (f"the generator {seen} during get_candidates: {OWN_RANDOMNESS} (the case runs in one process; its "
+            f"figures may differ between runs of the same seed)")
+
+
 @contextmanager
 def watched_randomness():
     """Raise :class:`~.replay.BatchMismatch` when the calls made inside seed, restore or privately
-    generate randomness (:class:`~.randomness.RandomnessWatch`): the replays would not see it."""
-    with RandomnessWatch() as watch:
-        yield
+    generate randomness (:class:`~.randomness.RandomnessWatch`): the replays would not see it. It says
+    so even when a replay inside failed first (a private stream is why replays differ, and the case's
+    reason must say so: :func:`owns_randomness`)."""
+    watch = RandomnessWatch()
+    try:
+        with watch:
+            yield
+    except BatchMismatch as exc:
+        if watch.seen:
+            raise BatchMismatch(f"{exc}; {own_randomness_reason(watch.seen[0])}") from exc
+        raise
     if watch.seen:
-        raise BatchMismatch(f"the generator {watch.seen[0]} during get_candidates: its batch-1 draws may not be "
-                            f"the fresh draws the forced replays stand for, and {OWN_RANDOMNESS} (the case runs "
-                            f"in one process; its figures may differ between runs of the same seed)")
+        raise BatchMismatch(f"its batch-1 draws may not be the fresh draws the forced replays stand for: "
+                            f"{own_randomness_reason(watch.seen[0])}")
+
+
+class OwnRandomness:
+    """Watches batch-1 calls, which are the real loop's (nothing to move): :attr:`seen` is the first
+    thing a call did that seeds, restores or privately generates randomness, or ``None``."""
+
+    def __init__(self):
+        self.seen: str | None = None
+
+    @contextmanager
+    def watching(self):
+        if self.seen is not None:  # seen once is enough: the case already runs in one process
+            yield
+            return
+        with RandomnessWatch() as watch:
+            yield
+        if watch.seen:
+            self.seen = watch.seen[0]
+
+
+def seed_streams(seed: int) -> None:
+    """Seed torch's, numpy's and Python's global streams with ``seed`` (as ``transformers.set_seed``):
+    a generator drawing from any of them as they stand draws a function of the seed."""
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
 
 
 def repeated_noise(noise: list[torch.Tensor]) -> bool:

@@ -41,7 +41,16 @@ from lossless_check.modes.batching import (
     rows_per_call,
 )
 from lossless_check.modes.observations import Observations, widen
-from lossless_check.modes.randomness import FRESH_LEVEL, fresh_draws_evalue, repeated_noise, watched_randomness
+from lossless_check.modes.randomness import (
+    FRESH_LEVEL,
+    OWN_RANDOMNESS,
+    OwnRandomness,
+    fresh_draws_evalue,
+    own_randomness_reason,
+    repeated_noise,
+    seed_streams,
+    watched_randomness,
+)
 from lossless_check.modes.replay import (
     BatchMismatch,
     SamplerLog,
@@ -80,6 +89,8 @@ class StepCase:
         self.stops_at_eos = family_flag(case.generator.adapter, "drafts_stop_at_eos")
         self._session = None
         self._batching: tuple[int, str] | None = None
+        #: What batch-1 calls were seen do with randomness they manage themselves (:mod:`.randomness`).
+        self.own_randomness = OwnRandomness()
         self.target_side = TargetLogits(scenario.target, self.target, self.processors, self.prompt_ids)
 
     # -- the generator -------------------------------------------------------------------------
@@ -162,10 +173,11 @@ class StepCase:
         draws must pass :func:`~.randomness.fresh_draws_evalue`. Raises :class:`~.replay.BatchMismatch`
         when a replay differs, or when the draws may not be what the replays assume (:mod:`.randomness`).
 
-        The trials are a function of ``seed`` alone (a split case collects chunks anywhere): the
-        session, whose building may draw random numbers, is built before the seed is set."""
+        The trials are a function of ``seed`` alone (a split case collects chunks anywhere), unless the
+        generator manages its own randomness (:mod:`.randomness`): the session, whose building may draw
+        random numbers, is built before the seed is set."""
         self.session()
-        torch.manual_seed(seed)
+        seed_streams(seed)
         batch_size = self.batching[0]
         replayed = np.zeros(samples, dtype=bool)
         if batch_size > 1:
@@ -224,7 +236,8 @@ class StepCase:
         length, its :func:`impossible_drafts`), its rows where ``replay`` is set replayed at batch 1 first."""
         length = self.prompt_ids.shape[1]
         if rows == 1:
-            candidate_ids, candidate_logits = self.draft(1)
+            with self.own_randomness.watching():
+                candidate_ids, candidate_logits = self.draft(1)
             lengths = [candidate_ids.shape[1] - length]
             return candidate_ids, candidate_logits, lengths, impossible_drafts(candidate_ids, candidate_logits,
                                                                                lengths, length)
@@ -308,6 +321,8 @@ class StepCase:
         result.samples_per_second = result.samples / obs.seconds if obs.seconds > 0 else None
         positions = self.positions_of(obs)
         size, note = self.batching
+        if self.own_randomness.seen is not None and OWN_RANDOMNESS not in note:
+            note = f"{note}; {own_randomness_reason(self.own_randomness.seen)}"
         batched = result.samples if size > 1 else 0
         result.batch = {"batch_size": size, "note": note, "batch1_trials": result.samples - batched,
                         "batched_trials": batched}

@@ -67,7 +67,7 @@ class StepRun:
         for a generator that manages its own randomness, this process too (:func:`~.randomness.owns_randomness`):
         chunks collected elsewhere, or kept by an earlier run, are then not this case's."""
         facts = getattr(self.step.session(), "facts", None)
-        if owns_randomness(self._batch_1):
+        if owns_randomness(self._batch_1) or self.step.own_randomness.seen is not None:
             return {"randomness_of_process": os.getpid(), **(facts or {})}
         return facts
 
