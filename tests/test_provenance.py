@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers.generation import candidate_generator
 
-from fixtures.releases import ASSISTED_DRAFTS_GREEDILY, INSTALLED, needs, within
+from fixtures.releases import ASSISTED_DRAFTS_GREEDILY, INSTALLED, assisted_samples, needs, within
 from lossless_check.subjects.adapters import ADAPTERS, ResolvedGenerator, resolve_generator
 from lossless_check.modes.interception import ARGMAX, SAMPLE, Draw
 from lossless_check.modes.provenance import (
@@ -130,6 +130,29 @@ def test_untraceable_sampler_is_a_gap_not_a_verdict():
     # In a run: skipped with the gap as its reason (neither a pass nor the generator's error).
     row = run_provenance_case(Case(generator, {"top_k": 3}, "provenance", IID), seed=0)
     assert row.verdict == "skipped" and row.reason.startswith("interception gap"), row.reason
+
+
+#: Drafters that draw from the law they return, but not freshly (fixtures/mutants/private_randomness.py:
+#: the same drafts on every batch-1 call, not_lossless in step mode), and what gives each away here.
+NOT_FRESH = {"PrivateGenerator": "builds a private torch.Generator", "RestoresRngState": "set_rng_state",
+             "ReseededPrivateStream": "fork_rng", "SeedBoundAtImport": "without advancing torch's global stream"}
+
+
+@assisted_samples()
+@pytest.mark.parametrize("name", sorted(NOT_FRESH))
+def test_a_drafter_managing_its_own_randomness_is_a_gap_not_lossless(name):
+    """The exact check traces each draft's law, not that the draws are fresh: these were `lossless` in
+    provenance mode (4 of 4, transformers 5.24.0) while step mode fails each. Control: the built-in
+    Assisted, drawing from torch's global stream, stays lossless."""
+    from fixtures.mutants import private_randomness
+
+    private_randomness.RestoresRngState.saved = None
+    generator = resolve_generator(f"fixtures.mutants.private_randomness:{name}")
+    row = run_provenance_case(Case(generator, {"top_k": 3}, "provenance", DEFAULT), seed=0)
+    assert row.verdict == "skipped" and NOT_FRESH[name] in row.reason, row.reason
+    control = run_provenance_case(Case(resolve_generator("AssistedCandidateGenerator"), {"top_k": 3}, "provenance",
+                                       DEFAULT), seed=0)
+    assert control.verdict == "lossless", control.reason
 
 
 @needs(DFLASH)

@@ -13,7 +13,7 @@ import dataclasses
 from lossless_check.running import scheduler
 from lossless_check.faces.api import cases_for, run_cases
 from lossless_check.running.scheduler import MIN_SPLIT_SECONDS, should_split
-from fixtures.releases import DFLASH, needs
+from fixtures.releases import DFLASH, assisted_samples, needs
 
 GENERATORS = ["DFlashTokenCandidateGenerator", "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits",
               "fixtures.mutants.dflash_greedy_at_batch_1:DFlashGreedyAtBatch1"]
@@ -94,6 +94,7 @@ def test_a_chunks_trials_do_not_depend_on_the_chunks_collected_before():
     assert np.array_equal(parts[2].emitted, fresh.emitted) and np.array_equal(parts[2].n_matches, fresh.n_matches)
 
 
+@assisted_samples()
 def test_a_generator_managing_its_own_randomness_runs_whole(monkeypatch):
     """Its trials come from its own stream, not from the chunk seeds (two processes may draw the same
     private stream): once the watch sees it, chunks collected in other processes are not the case's, and
@@ -109,6 +110,7 @@ def test_a_generator_managing_its_own_randomness_runs_whole(monkeypatch):
     assert builtin.verdict == "lossless" and OWN_RANDOMNESS not in builtin.batch["note"]
 
 
+@assisted_samples()
 def test_a_batch_1_generator_managing_its_own_randomness_runs_whole(monkeypatch):
     """Batch-1 trials (the real loop's calls) are watched too: a drafter drawing from one private stream
     per process (seeded at import: two workers draw the same stream) runs whole, its reason saying why.

@@ -52,6 +52,7 @@ from lossless_check.laws.stubs import fixed_logits_lm
 from lossless_check.laws.warpers import capture_processors
 from lossless_check.modes import loop_models
 from lossless_check.modes.observations import Generations
+from lossless_check.modes.randomness import seed_streams
 from lossless_check.modes.tiny_llama import TINY_LLAMA, TinyLlamaScenario, tiny_llama_pair
 from lossless_check.running.chunks import guarded, kept, run_in_chunks, within_deadline
 from lossless_check.stats import Stratum
@@ -207,7 +208,7 @@ def collect(setup: _Setup, samples: int, max_new_tokens: int, seed: int,
     violates = np.zeros(samples, dtype=bool)
     aside = np.full(samples, -1, dtype=np.int64)
     prompt_length = setup.prompt_ids.shape[1]
-    torch.manual_seed(seed)
+    seed_streams(seed)  # torch's, numpy's and Python's, as transformers.set_seed
     started = time.perf_counter()
     try:
         # _quiet_loading: MTP's generator loads its layers (from_pretrained) at every generate() call.

@@ -11,6 +11,12 @@ distribution it was drawn from is compared with ``softmax(candidate_logits)`` ro
 Only *vocabulary-wide* calls are recorded (last dimension equal to the vocabulary size): an argmax
 over an attention mask is not a token choice. A draft token that no recorded draw explains, or
 that several explain, is an *interception gap*, never a guess.
+
+The check traces the law each draft was drawn from, not that the draws are fresh: a drafter that
+manages its own randomness (seen by :class:`~.randomness.RandomnessWatch`, or whose sampled draws
+leave torch's global stream where it was: a private, re-seeded or restored stream) may draw the same
+tokens on every call from the right law, which is not lossless. Such a trial is a gap too (no
+verdict here; step mode tests the real calls' draws).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import torch
 from lossless_check.core.errors import GeneratorFailure, NotApplicable
 from lossless_check.evidence.results import Case, CaseResult, one_line
 from lossless_check.modes.interception import ARGMAX, NOISE, SAMPLE, TOLERANCE, WITHOUT_REPLACEMENT, Draw, Interception
+from lossless_check.modes.randomness import RandomnessWatch
 from lossless_check.subjects.candidates import check_candidates
 
 
@@ -169,7 +176,8 @@ def provenance_check(case: Case, trials: int = 3, seed: int = 0) -> ProvenanceRe
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(seed)
         for t in range(trials):
-            with Interception(vocab) as seen:
+            state = torch.get_rng_state()
+            with RandomnessWatch() as watch, Interception(vocab) as seen:
                 try:
                     candidate_ids, candidate_logits = session.draft(prompt)
                 except Exception as exc:  # noqa: BLE001
@@ -181,6 +189,11 @@ def provenance_check(case: Case, trials: int = 3, seed: int = 0) -> ProvenanceRe
             matched = match_draws(seen.draws, drafts)
             if isinstance(matched, str):
                 gaps.append(f"trial {t + 1}: {matched}")
+                continue
+            own = own_randomness(watch, matched, state)
+            if own is not None:
+                gaps.append(f"trial {t + 1}: the generator {own} during get_candidates: the law of each draft is "
+                            f"traced, not that the draws are fresh (step mode tests that)")
                 continue
             # The verifier's view of q: a softmax of what was returned, in the dtype returned, as
             # _speculative_sampling computes it (5.24 generation/utils.py line 4464: no upcast; a bf16
@@ -214,6 +227,18 @@ def provenance_check(case: Case, trials: int = 3, seed: int = 0) -> ProvenanceRe
         )
     result.seconds = time.perf_counter() - started
     return result
+
+
+def own_randomness(watch: RandomnessWatch, matched: list[Draw], state: torch.Tensor) -> str | None:
+    """What shows that a call's sampled draws came from randomness the generator manages itself (the
+    watch's first sighting, or torch's global stream left at ``state``, where the call found it,
+    although a draft was sampled), or ``None``."""
+    if watch.seen:
+        return watch.seen[0]
+    sampled = any(d.kind in (SAMPLE, WITHOUT_REPLACEMENT, NOISE) for d in matched)
+    if sampled and torch.equal(torch.get_rng_state(), state):
+        return "sampled its drafts without advancing torch's global stream (a private, re-seeded or restored one)"
+    return None
 
 
 #: The statistical verdict each provenance verdict implies in step mode, where the verifier is the
