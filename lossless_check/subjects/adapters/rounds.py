@@ -1,36 +1,38 @@
 """Building the generators and calling ``get_candidates`` of those that need only ``input_ids``, in any release.
 
 Releases 5.0-5.2 take a second, required argument, ``is_first_iteration``: ``_assisted_decoding``
-passes ``True`` on its first round (the assistant runs its prefill then) and ``False`` after.
-Later releases take ``input_ids`` alone.
+passes it positionally, ``get_candidates(input_ids, is_first_iteration)``, ``True`` on its first
+round (the assistant runs its prefill then) and ``False`` after. Later releases pass ``input_ids``
+alone. The harness calls as the installed loop does, whatever a subclass's signature says: an
+override written ``get_candidates(self, input_ids, *args, **kwargs)`` works there, one that cannot
+take the argument fails as it would in the real loop.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
 
 
-def _takes_first_iteration(get_candidates) -> bool:
-    return "is_first_iteration" in inspect.signature(get_candidates).parameters
+@functools.cache
+def loop_passes_first_iteration() -> bool:
+    """Whether the installed ``_assisted_decoding`` passes ``is_first_iteration`` (5.0-5.2): the
+    installed base ``CandidateGenerator.get_candidates`` names it."""
+    from transformers.generation.candidate_generator import CandidateGenerator
 
-
-_FIRST_ITERATION_ARGUMENT: dict[type, bool] = {}
+    return "is_first_iteration" in inspect.signature(CandidateGenerator.get_candidates).parameters
 
 
 def first_round(generator, input_ids: torch.LongTensor) -> tuple:
-    """``generator.get_candidates(input_ids)`` as the first round of ``_assisted_decoding`` calls it.
+    """``generator.get_candidates`` as the first round of the installed ``_assisted_decoding`` calls it.
 
     ``generator`` must be fresh (built for this call): the first round is the only one whose
     input is the prompt alone.
     """
-    kind = type(generator)
-    takes = _FIRST_ITERATION_ARGUMENT.get(kind)
-    if takes is None:
-        takes = _FIRST_ITERATION_ARGUMENT[kind] = _takes_first_iteration(generator.get_candidates)
-    if takes:
-        return generator.get_candidates(input_ids, is_first_iteration=True)
+    if loop_passes_first_iteration():
+        return generator.get_candidates(input_ids, True)
     return generator.get_candidates(input_ids)
 
 
