@@ -25,6 +25,7 @@ from lossless_check.core.errors import GeneratorFailure
 from lossless_check.subjects.adapters.base import (
     DraftContext, FunctionSession, GeneratorAdapter, Prefills, first_round_after_prefill,
 )
+from lossless_check.subjects.adapters.rounds import first_round
 
 
 class FactoryAdapter(GeneratorAdapter):
@@ -53,6 +54,6 @@ class FactoryAdapter(GeneratorAdapter):
             if getattr(generator, "requires_model_outputs", False):
                 model_kwargs, outputs = prefills(input_ids)
                 return first_round_after_prefill(generator, input_ids, model_kwargs, outputs)
-            return generator.get_candidates(input_ids)
+            return first_round(generator, input_ids)
 
         return FunctionSession(draft)
