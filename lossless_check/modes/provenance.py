@@ -190,7 +190,7 @@ def provenance_check(case: Case, trials: int = 3, seed: int = 0) -> ProvenanceRe
             if isinstance(matched, str):
                 gaps.append(f"trial {t + 1}: {matched}")
                 continue
-            own = own_randomness(watch, matched, state)
+            own = drew_own_randomness(watch, matched, state)
             if own is not None:
                 gaps.append(f"trial {t + 1}: the generator {own} during get_candidates: the law of each draft is "
                             f"traced, not that the draws are fresh (step mode tests that)")
@@ -229,7 +229,7 @@ def provenance_check(case: Case, trials: int = 3, seed: int = 0) -> ProvenanceRe
     return result
 
 
-def own_randomness(watch: RandomnessWatch, matched: list[Draw], state: torch.Tensor) -> str | None:
+def drew_own_randomness(watch: RandomnessWatch, matched: list[Draw], state: torch.Tensor) -> str | None:
     """What shows that a call's sampled draws came from randomness the generator manages itself (the
     watch's first sighting, or torch's global stream left at ``state``, where the call found it,
     although a draft was sampled), or ``None``."""
