@@ -19,6 +19,7 @@ its alpha (1e-6, the scripts' and the CLI's default), so these tests fail falsel
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -48,6 +49,8 @@ class Fix:
     repro_args: tuple[str, ...]
     harness: dict | None
     unpatched_verdict: str = "not_lossless"
+    #: Words the unpatched run's reason has (a robustness finding is no verdict: what it leaves in the reason).
+    unpatched_words: str = ""
     #: The harness's own check where it is not a ``run`` of a generator (the verifier's).
     check: tuple[str, ...] = ()
 
@@ -61,12 +64,13 @@ class Fix:
 
 
 #: finding -> how its fix.patch is judged. The harness runs stop at their first rejection: on
-#: 5.24.0 unpatched, Universal after 156 trials, SinglePosition after 66 (a patched run takes all 400);
-#: DFlash's generate() raises in its first call there (verdict error).
+#: 5.24.0 unpatched, Universal after 156 trials, SinglePosition after 66 (a patched run takes all 400).
+#: DFlash's drafts past max_length make the real loop raise on iid8 (every token banned there): the
+#: harness gives those rows zero logits (lossless_check.modes.past_budget) and its reason counts them.
 FIXES = {
     "dflash_drafts_past_max_length": Fix((), dict(
         generator="DFlashTokenCandidateGenerator", warpers="no_repeat_ngram_size=1", mode="generate",
-        scenario="iid8", samples=150), unpatched_verdict="error"),
+        scenario="iid8", samples=150), unpatched_verdict="lossless", unpatched_words="drafted past max_new_tokens"),
     "universal_permuted_q": Fix(("--samples", "300"), dict(
         generator="UniversalSpeculativeDecodingGenerator", warpers="none", mode="step",
         scenario="iid32-fast-tokenizers", samples=400)),
@@ -143,19 +147,24 @@ def test_harness_judges_patched_generator_lossless(patched, tmp_path):
     pythonpath = os.pathsep.join((str(root), str(ROOT)))  # the patched transformers, then this worktree
     assert imported_from(sys.executable, pythonpath).is_relative_to(root)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=pythonpath)
-    proc = subprocess.run([sys.executable, "-m", "lossless_check.faces.cli", *fix.command()],
+    report = tmp_path / "report.json"
+    json_option = ["--json", str(report)] if fix.unpatched_words else []
+    proc = subprocess.run([sys.executable, "-m", "lossless_check.faces.cli", *fix.command(), *json_option],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    if fix.unpatched_words:  # lossless either way: the fix is that what the unpatched run notes is gone
+        assert all(fix.unpatched_words not in c["reason"] for c in json.loads(report.read_text())["cases"])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("finding", [pytest.param(f, marks=needs(fix.harness["generator"]))
                                      for f, fix in sorted(FIXES.items()) if fix.harness is not None])
 def test_harness_flags_unpatched_generator(finding):
-    """The negative control of (b): the same run on the installed (unpatched) release is not lossless (or errs)
-    where the bug is (in-process, through the Python API the CLI calls: no second import of torch and transformers)."""
+    """The negative control of (b): the same run on the installed (unpatched) release is not lossless (or errs,
+    or, for a robustness finding, says what it saw: ``unpatched_words``) where the bug is (in-process, through the Python API the CLI calls: no second import of torch and transformers)."""
     import lossless_check as lc
 
     fix = FIXES[finding]
     result = lc.check(**fix.harness)
     assert result.verdict == (fix.unpatched_verdict if affected(finding) else "lossless"), result.explain()
+    assert not affected(finding) or fix.unpatched_words in result.explain()

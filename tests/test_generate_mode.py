@@ -4,6 +4,8 @@ Each family's verdict on the installed release is read from the per-release tabl
 findings, and releases whose generate() raises on the family), never skipped.
 """
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -27,6 +29,7 @@ from lossless_check.laws.scenarios import DEFAULT, IID, Scenario
 from lossless_check.laws.stubs import fixed_logits_lm
 from lossless_check.laws.tables import FixedLogits
 from lossless_check.laws.warpers import capture_processors
+from lossless_check.modes import generate as generate_module
 from lossless_check.modes.generate import (
     TINY_LLAMA,
     _setup,
@@ -397,23 +400,52 @@ def test_what_generate_mode_cannot_drive_is_skipped_with_its_reason(spec, scenar
     assert result.verdict == "skipped" and words in result.reason, result.reason
 
 
-def test_dflash_drafts_past_max_length_and_the_verifier_then_fails_under_no_repeat_ngram():
-    """A transformers defect (5.24.0 ``generation/candidate_generator.py``): DFlash computes
-    ``max_new_tokens = min(block_size, max_length - len - 1)`` (line 1587) but uses it only to skip
-    a round when it is <= 0 (line 1588); the block always drafts ``block_size - 1`` tokens (lines
-    1540, 1627). Near ``max_length`` the candidates run past it, the target is scored there, and
-    with ``no_repeat_ngram_size=1`` over a vocabulary of 8 every token is banned at the last
-    position: ``_speculative_sampling`` samples from a NaN law and ``generate()`` raises. Plain
-    sampling stops at ``max_length`` and never gets there. The harness reports it as ``error``.
-    """
-    import transformers
+#: Families that draft past ``max_length`` and crop afterwards, from the release on which they do so
+#: losslessly (5.14-5.17 verify and crop otherwise): DFlash (a finding: it computes its cap and ignores
+#: it) and MTP (by design: "drafting several tokens at once ... without capping its draft").
+PAST_BUDGET = {DFLASH: ("5.18.0", None), MTP: ("5.18.0", None)}
 
-    installed = tuple(int(x) for x in transformers.__version__.split(".")[:2])
-    if installed < (5, 18):
-        pytest.skip("examined on 5.18-5.24 (5.15-5.17 verify with is_done_candidate and crop differently)")
-    result = generate_case("DFlashTokenCandidateGenerator", {"no_repeat_ngram_size": 1}, DEFAULT, samples=300)
-    assert result.verdict == "error", result.reason
-    assert "probability tensor contains either `inf`, `nan`" in result.reason
+
+@pytest.mark.parametrize("family", list(PAST_BUDGET))
+def test_drafts_past_max_length_into_a_vocabulary_run_out_are_filled_not_an_error(family, monkeypatch):
+    """Under ``no_repeat_ngram_size=1`` markov8's 8 tokens run out after 5 new ones, past ``max_length``
+    (K = 4), where DFlash and MTP still draft and the target is scored (findings/
+    dflash_drafts_past_max_length): the real loop raises there (the control: without
+    :mod:`~lossless_check.modes.past_budget`, ``error``), plain sampling never gets there, and nothing
+    there is emitted. With those rows filled the case is ``lossless`` and its reason counts them."""
+    if resolve_generator(family).generator_class is None or not within(PAST_BUDGET[family]):
+        pytest.skip(f"{family} does not draft past max_length losslessly on this release")
+    result = generate_case(family, {"no_repeat_ngram_size": 1}, DEFAULT, samples=300)
+    assert result.verdict == "lossless", result.reason
+    assert result.filled_past_budget > 0 and "drafted past max_new_tokens" in result.reason
+    monkeypatch.setattr(generate_module, "filling_past_budget", lambda max_length: contextlib.nullcontext([]))
+    unfilled = generate_case(family, {"no_repeat_ngram_size": 1}, DEFAULT, samples=300)
+    assert unfilled.verdict == "error" and "probability tensor contains either `inf`, `nan`" in unfilled.reason
+
+
+def test_filling_past_the_budget_keeps_a_lossy_drafter_lossy():
+    """Negative control: the raw-logits DFlash subclass under the same warper still fails."""
+    if resolve_generator(DFLASH).generator_class is None or not within(PAST_BUDGET[DFLASH]):
+        pytest.skip("DFlash does not draft past max_length losslessly on this release")
+    result = generate_case(RAW_LOGITS_DFLASH, {"top_k": 3, "no_repeat_ngram_size": 1}, FLAT_DRAFTER, samples=400)
+    assert result.verdict == "not_lossless", result.reason
+
+
+def test_only_empty_rows_past_the_budget_are_filled():
+    """A row inside the budget is left as the processors leave it (plain sampling meets it too); past
+    it, a row with no token left gets zero logits, also where a later warper would raise on it."""
+    from transformers import LogitsProcessorList
+    from transformers.generation.logits_process import NoRepeatNGramLogitsProcessor
+
+    from lossless_check.modes.past_budget import filling_past_budget
+
+    used = torch.arange(8)[None, :]  # every token of an 8-token vocabulary already used
+    processors = LogitsProcessorList([NoRepeatNGramLogitsProcessor(1)])
+    with filling_past_budget(max_length=9) as fills:
+        inside = processors(used, torch.zeros(1, 8))
+        past = processors(torch.cat([used, used[:, :1]], dim=1), torch.zeros(1, 8))
+    assert torch.isneginf(inside).all() and torch.equal(past, torch.zeros(1, 8)) and fills == [1]
+    assert torch.isneginf(processors(torch.cat([used, used[:, :1]], dim=1), torch.zeros(1, 8))).all()  # undone
 
 
 @pytest.mark.parametrize("spec, warpers, verdict", [(SINGLE_POSITION, {}, "not_lossless"),

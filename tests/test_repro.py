@@ -142,10 +142,12 @@ GENERATED_FINDINGS = {
 }
 
 
-@pytest.mark.skipif(RELEASE < Version("5.18.0"), reason="the harness's DFlash error past max_length is on 5.18+ "
+@pytest.mark.skipif(RELEASE < Version("5.18.0"), reason="the real loop's DFlash raise past max_length is on 5.18+ "
                                                         "(5.17.0 measured: no error; 5.15.0 fails for its own q bug)")
 def test_dflash_script_raises_past_max_length(clean_python, tmp_path):
-    """The harness's DFlash error as a script: 5.24.0, generate() raises within about 20 calls."""
+    """The harness's DFlash case as a script, which runs the real loop as it is (no row past max_length
+    filled, unlike generate mode: lossless_check.modes.past_budget): 5.24.0, generate() raises within
+    about 20 calls."""
     script = FINDINGS / "dflash_drafts_past_max_length/generated_repro.py"
     proc = run_script(clean_python, script, "--samples", "300", cwd=tmp_path)
     check_exit(proc, 1)

@@ -52,6 +52,7 @@ from lossless_check.laws.stubs import fixed_logits_lm
 from lossless_check.laws.warpers import capture_processors
 from lossless_check.modes import loop_models
 from lossless_check.modes.observations import Generations
+from lossless_check.modes.past_budget import filling_past_budget
 from lossless_check.modes.randomness import seed_streams
 from lossless_check.modes.tiny_llama import TINY_LLAMA, TinyLlamaScenario, tiny_llama_pair
 from lossless_check.running.chunks import guarded, kept, run_in_chunks, within_deadline
@@ -74,6 +75,7 @@ class GenerateCaseResult(CaseResult):
     mean_rounds: float | None = None  # target forward passes per generate() call
     mean_new_tokens: float | None = None
     stopping_violations: int = 0  # outputs plain sampling cannot produce (length / EOS rules)
+    filled_past_budget: int = 0  # samples that drafted into a row past max_length with no token left (.past_budget)
 
     def explain(self) -> str:
         """The step-mode explanation plus the stopping check and what the loop did."""
@@ -84,6 +86,10 @@ class GenerateCaseResult(CaseResult):
         if self.stopping_violations:
             parts.append(f"{self.stopping_violations} outputs break the length/EOS rules of plain sampling")
         parts.append(f"{self.mean_rounds:.2f} rounds and {self.mean_new_tokens:.2f} tokens per generate() call")
+        if self.filled_past_budget:
+            parts.append(f"{self.filled_past_budget} samples drafted past max_new_tokens into positions where the "
+                         f"scenario's processed laws have no token left (given zero logits there: never emitted, "
+                         f"see lossless_check.modes.past_budget)")
         return "; ".join(p for p in parts if p)
 
 
@@ -207,15 +213,17 @@ def collect(setup: _Setup, samples: int, max_new_tokens: int, seed: int,
     rounds = np.zeros(samples, dtype=np.int64)
     violates = np.zeros(samples, dtype=bool)
     aside = np.full(samples, -1, dtype=np.int64)
+    filled = np.zeros(samples, dtype=bool)
     prompt_length = setup.prompt_ids.shape[1]
     seed_streams(seed)  # torch's, numpy's and Python's, as transformers.set_seed
     started = time.perf_counter()
     try:
         # _quiet_loading: MTP's generator loads its layers (from_pretrained) at every generate() call.
-        with torch.no_grad(), _quiet_loading(), watching_verifier(prompt_length) as accepted_zero:
+        with torch.no_grad(), _quiet_loading(), watching_verifier(prompt_length) as accepted_zero, \
+                filling_past_budget(prompt_length + max_new_tokens) as fills:
             for t in range(samples):
                 before = forwards[0]
-                seen = len(accepted_zero)
+                seen, fills_seen = len(accepted_zero), len(fills)
                 try:
                     out = setup.target.generate(setup.prompt_ids, generation_config=setup.generation_config,
                                                 **setup.generate_kwargs)
@@ -226,11 +234,12 @@ def collect(setup: _Setup, samples: int, max_new_tokens: int, seed: int,
                 emitted[t, : min(len(tokens), max_new_tokens)] = tokens[:max_new_tokens]
                 rounds[t] = forwards[0] - before
                 aside[t] = accepted_zero[seen] if len(accepted_zero) > seen else -1
+                filled[t] = len(fills) > fills_seen
                 if progress is not None:
                     progress(1)
     finally:
         hook.remove()
-    return Generations(emitted, rounds, violates, time.perf_counter() - started, aside)
+    return Generations(emitted, rounds, violates, time.perf_counter() - started, aside, filled)
 
 
 def position_strata(emitted: np.ndarray, position: int, law: Law) -> list[Stratum]:
@@ -257,6 +266,7 @@ def analyse(case: Case, setup: _Setup, gens: Generations, alpha_case: float) -> 
     result.mean_rounds = float(gens.rounds.mean())
     result.mean_new_tokens = float((gens.emitted >= 0).sum(axis=1).mean())
     result.stopping_violations = gens.stopping_violations
+    result.filled_past_budget = int(gens.filled.sum())
     emitted = gens.before_eos(setup.eos)
     by_position = [position_strata(emitted, k, setup.law) for k in range(max_new_tokens)]
     violations = position_tests(result, by_position, alpha_case)

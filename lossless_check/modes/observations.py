@@ -66,10 +66,15 @@ class Generations:
     # ``aside[t]``: the output position of a draft the verifier accepted with its own p = 0 in sample
     # ``t`` (:func:`~lossless_check.evidence.attribution.watching_verifier`), else -1.
     aside: np.ndarray | None = None
+    # ``filled[t]``: sample ``t`` drafted into a target row past ``max_length`` with no token left,
+    # given zero logits (:mod:`~lossless_check.modes.past_budget`).
+    filled: np.ndarray | None = None
 
     def __post_init__(self):
         if self.aside is None:
             self.aside = np.full(len(self.rounds), -1, dtype=np.int64)
+        if self.filled is None:
+            self.filled = np.zeros(len(self.rounds), dtype=bool)
 
     @property
     def stopping_violations(self) -> int:
@@ -78,13 +83,16 @@ class Generations:
     @classmethod
     def concatenate(cls, parts: list["Generations"]) -> "Generations":
         arrays = {f: np.concatenate([getattr(p, f) for p in parts]) for f in ("emitted", "rounds", "violates", "aside")}
+        # A chunk kept by a release of the harness before ``filled`` has none (its class default).
+        arrays["filled"] = np.concatenate([p.filled if p.filled is not None else np.zeros(len(p.rounds), dtype=bool)
+                                           for p in parts])
         return cls(**arrays, seconds=sum(p.seconds for p in parts))
 
     def head(self, trials: int) -> "Generations":
         """The first ``trials`` samples (their share of the time)."""
         share = trials / len(self.rounds) if len(self.rounds) else 0.0
         return Generations(self.emitted[:trials], self.rounds[:trials], self.violates[:trials], self.seconds * share,
-                           self.aside[:trials])
+                           self.aside[:trials], self.filled[:trials])
 
     def before_eos(self, eos: frozenset[int]) -> np.ndarray:
         """``emitted`` with every token after an EOS blanked (-1): plain sampling has no law there, and
