@@ -161,7 +161,8 @@ def test_harness_judges_patched_generator_lossless(patched, tmp_path):
                                      for f, fix in sorted(FIXES.items()) if fix.harness is not None])
 def test_harness_flags_unpatched_generator(finding):
     """The negative control of (b): the same run on the installed (unpatched) release is not lossless (or errs,
-    or, for a robustness finding, says what it saw: ``unpatched_words``) where the bug is (in-process, through the Python API the CLI calls: no second import of torch and transformers)."""
+    or, for a robustness finding, says what it saw: ``unpatched_words``) where the bug is (in-process,
+    through the Python API the CLI calls: no second import of torch and transformers)."""
     import lossless_check as lc
 
     fix = FIXES[finding]
