@@ -418,7 +418,7 @@ def test_drafts_past_max_length_into_a_vocabulary_run_out_are_filled_not_an_erro
     result = generate_case(family, {"no_repeat_ngram_size": 1}, DEFAULT, samples=300)
     assert result.verdict == "lossless", result.reason
     assert result.filled_past_budget > 0 and "drafted past max_new_tokens" in result.reason
-    monkeypatch.setattr(generate_module, "filling_past_budget", lambda max_length: contextlib.nullcontext([]))
+    monkeypatch.setattr(generate_module, "filling_past_budget", lambda *_: contextlib.nullcontext([]))
     unfilled = generate_case(family, {"no_repeat_ngram_size": 1}, DEFAULT, samples=300)
     assert unfilled.verdict == "error" and "probability tensor contains either `inf`, `nan`" in unfilled.reason
 
@@ -432,20 +432,27 @@ def test_filling_past_the_budget_keeps_a_lossy_drafter_lossy():
 
 
 def test_only_empty_rows_past_the_budget_are_filled():
-    """A row inside the budget is left as the processors leave it (plain sampling meets it too); past
-    it, a row with no token left gets zero logits, also where a later warper would raise on it."""
+    """A row inside the budget is left as the processors leave it (plain sampling meets it too), and so
+    is a sequence that is not the target's; past the budget, a row with no token left gets zero logits,
+    also where a later warper would raise on it (top_h's Categorical, where the release has top_h)."""
     from transformers import LogitsProcessorList
+    from transformers.generation import logits_process
     from transformers.generation.logits_process import NoRepeatNGramLogitsProcessor
 
     from lossless_check.modes.past_budget import filling_past_budget
 
     used = torch.arange(8)[None, :]  # every token of an 8-token vocabulary already used
-    processors = LogitsProcessorList([NoRepeatNGramLogitsProcessor(1)])
-    with filling_past_budget(max_length=9) as fills:
-        inside = processors(used, torch.zeros(1, 8))
-        past = processors(torch.cat([used, used[:, :1]], dim=1), torch.zeros(1, 8))
-    assert torch.isneginf(inside).all() and torch.equal(past, torch.zeros(1, 8)) and fills == [1]
-    assert torch.isneginf(processors(torch.cat([used, used[:, :1]], dim=1), torch.zeros(1, 8))).all()  # undone
+    longer = torch.cat([used, used[:, :1]], dim=1)
+    top_h = [logits_process.TopHLogitsWarper(0.8)] if hasattr(logits_process, "TopHLogitsWarper") else []
+    ban = LogitsProcessorList([NoRepeatNGramLogitsProcessor(1)])
+    processors = LogitsProcessorList([NoRepeatNGramLogitsProcessor(1), *top_h])
+    with filling_past_budget(used[:, :2], max_length=9) as fills:
+        inside = ban(used, torch.zeros(1, 8))
+        other_tokens = ban(longer.flip(1), torch.zeros(1, 8))  # not the target's prompt: a drafter's own
+        past = processors(longer, torch.zeros(1, 8))
+    assert torch.isneginf(inside).all() and torch.isneginf(other_tokens).all()
+    assert fills == [1] and bool(torch.isfinite(past).any())  # filled after the ban, then top_h's own cut
+    assert torch.isneginf(ban(longer, torch.zeros(1, 8))).all()  # undone
 
 
 @pytest.mark.parametrize("spec, warpers, verdict", [(SINGLE_POSITION, {}, "not_lossless"),

@@ -220,7 +220,7 @@ def collect(setup: _Setup, samples: int, max_new_tokens: int, seed: int,
     try:
         # _quiet_loading: MTP's generator loads its layers (from_pretrained) at every generate() call.
         with torch.no_grad(), _quiet_loading(), watching_verifier(prompt_length) as accepted_zero, \
-                filling_past_budget(prompt_length + max_new_tokens) as fills:
+                filling_past_budget(setup.prompt_ids, prompt_length + max_new_tokens) as fills:
             for t in range(samples):
                 before = forwards[0]
                 seen, fills_seen = len(accepted_zero), len(fills)
