@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from lossless_check.running import scheduler
 from lossless_check.faces.api import cases_for, run_cases
 from lossless_check.running.scheduler import MIN_SPLIT_SECONDS, should_split
@@ -111,20 +113,24 @@ def test_a_generator_managing_its_own_randomness_runs_whole(monkeypatch):
 
 
 @assisted_samples()
-def test_a_batch_1_generator_managing_its_own_randomness_runs_whole(monkeypatch):
+@pytest.mark.parametrize("drafter, control", [
+    ("ProcessStream", "AssistedCandidateGenerator"),
+    # A numpy Generator built at import is seen by its drafts alone; numpy's global stream, seeded per chunk, is fine.
+    ("ProcessNumpyStream", "fixtures.mutants.private_randomness:NumpyDraftLength")])
+def test_a_batch_1_generator_managing_its_own_randomness_runs_whole(monkeypatch, drafter, control):
     """Batch-1 trials (the real loop's calls) are watched too: a drafter drawing from one private stream
     per process (seeded at import: two workers draw the same stream) runs whole, its reason saying why.
-    Control: the built-in Assisted beside it, at batch 1 too, splits."""
+    Control: a generator drawing from global streams beside it, at batch 1 too, splits."""
     from lossless_check.modes.randomness import OWN_RANDOMNESS
 
-    cases = cases_for(["fixtures.mutants.private_randomness:ProcessStream", "AssistedCandidateGenerator"],
-                      ["top_k=3"], None, "step", "markov8")
+    cases = cases_for([f"fixtures.mutants.private_randomness:{drafter}", control], ["top_k=3"], None, "step",
+                      "markov8")
     split, ran_whole = watch_splits(monkeypatch)
     private, builtin = run_cases(cases, 1000, 1e-6, 0, workers=2, batch_size=1).cases
     assert sorted(set(split)) == [0, 1] and set(ran_whole) == {0}
     assert private.verdict == "lossless" and OWN_RANDOMNESS in private.batch["note"], private.batch
     assert private.batch["batch_size"] == 1
-    assert builtin.verdict == "lossless" and OWN_RANDOMNESS not in builtin.batch["note"]
+    assert builtin.verdict == "lossless" and OWN_RANDOMNESS not in builtin.batch["note"], builtin.batch
 
 
 def test_a_chunk_drawing_from_numpys_global_stream_is_a_function_of_its_seed():

@@ -30,12 +30,13 @@ generator drawing from them as they stand still has trials that are a function o
 calls already). A generator seen managing its own randomness (batched, replayed or at batch 1) has
 trials that depend on the process that drew them, not on the run's seeds alone (a private stream
 seeded once per process is the same stream in two processes): its case runs in one process
-(:meth:`~.step_run.StepRun.facts`) and its reason says so.
+(:meth:`~.step_run.StepRun.facts`) and its reason says so. That includes a stream built before any
+watch (a numpy ``Generator`` built at import): batch-1 calls that move none of torch's, numpy's and
+Python's global streams and still draft differently (:data:`UNSEEN_STREAM`).
 
 What remains assumed: that a generator whose calls pass both is drawing, at batch 1, as the batched
-rows' forced replays do: e.g. randomness from outside torch that only changes which law a draw is
-taken from, drawn from a stream built before the watch (a module-level numpy ``Generator``), is not
-seen by either check. A sampler that draws by noise (Gumbel-max,
+rows' forced replays do: e.g. randomness from a stream built before the watch (a module-level numpy
+``Generator``) that only changes which law a torch draw is taken from is not seen by either check. A sampler that draws by noise (Gumbel-max,
 an exponential race) makes no ``torch.multinomial`` draw for the e-value to test: for it, beside
 :class:`RandomnessWatch`, the unforced calls' noise tensors must all differ (:func:`repeated_noise`:
 noise reused across calls); that it is otherwise fresh (e.g. not a function of the prompt) is assumed.
@@ -205,22 +206,51 @@ def watched_randomness():
                             f"{own_randomness_reason(watch.seen[0])}")
 
 
+#: What :class:`OwnRandomness` says of drafts that vary while every global stream stands still.
+UNSEEN_STREAM = ("drafts differently on calls that leave torch's, numpy's and Python's global streams as they were "
+                 "(it draws from a stream no watch sees, e.g. a numpy Generator built at import)")
+
+
 class OwnRandomness:
     """Watches batch-1 calls, which are the real loop's (nothing to move): :attr:`seen` is the first
-    thing a call did that seeds, restores or privately generates randomness, or ``None``."""
+    thing a call did that seeds, restores or privately generates randomness, or ``None``.
+
+    It also sees a stream built before the watch (which no wrapper of a call sees): every batch-1 call of
+    a case starts from the same prompt, so two calls that leave torch's, numpy's and Python's global
+    streams as they found them and still return different drafts drew from somewhere else
+    (:data:`UNSEEN_STREAM`). A greedy drafter returns the same drafts every time, and one drawing
+    from a global stream moves it: neither is counted.
+    """
 
     def __init__(self):
         self.seen: str | None = None
+        self._still_drafts: bytes | None = None  # the drafts of the first call that moved no global stream
 
     @contextmanager
     def watching(self):
+        """Watch one batch-1 call; yields ``drafted(candidate_ids)``, to be called with what it returned."""
+        drafts: list[torch.Tensor] = []
         if self.seen is not None:  # seen once is enough: the case already runs in one process
-            yield
+            yield drafts.append
             return
+        before = _global_streams()
         with RandomnessWatch() as watch:
-            yield
+            yield drafts.append
         if watch.seen:
             self.seen = watch.seen[0]
+        elif drafts and _global_streams() == before:
+            key = drafts[0].numpy().tobytes() + str(tuple(drafts[0].shape)).encode()
+            if self._still_drafts is None:
+                self._still_drafts = key
+            elif key != self._still_drafts:
+                self.seen = UNSEEN_STREAM
+
+
+def _global_streams() -> tuple:
+    """The states of torch's, numpy's and Python's global streams, comparable with ``==``."""
+    numpy_state = np.random.get_state(legacy=True)
+    return (torch.get_rng_state().numpy().tobytes(), numpy_state[1].tobytes(), numpy_state[2:],
+            random.getstate())
 
 
 def seed_streams(seed: int) -> None:

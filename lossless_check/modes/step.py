@@ -236,8 +236,9 @@ class StepCase:
         length, its :func:`impossible_drafts`), its rows where ``replay`` is set replayed at batch 1 first."""
         length = self.prompt_ids.shape[1]
         if rows == 1:
-            with self.own_randomness.watching():
+            with self.own_randomness.watching() as drafted:
                 candidate_ids, candidate_logits = self.draft(1)
+                drafted(candidate_ids)
             lengths = [candidate_ids.shape[1] - length]
             return candidate_ids, candidate_logits, lengths, impossible_drafts(candidate_ids, candidate_logits,
                                                                                lengths, length)
