@@ -36,8 +36,9 @@ Python's global streams and still draft differently (:data:`UNSEEN_STREAM`).
 
 What remains assumed: that a generator whose calls pass both is drawing, at batch 1, as the batched
 rows' forced replays do: e.g. randomness from a stream built before the watch (a module-level numpy
-``Generator``) that only changes which law a torch draw is taken from is not seen by either check. A sampler that draws by noise (Gumbel-max,
-an exponential race) makes no ``torch.multinomial`` draw for the e-value to test: for it, beside
+``Generator``) that only changes which law a torch draw is taken from is not seen by either check.
+A sampler that draws by noise (Gumbel-max, an exponential race) makes no ``torch.multinomial`` draw
+for the e-value to test: for it, beside
 :class:`RandomnessWatch`, the unforced calls' noise tensors must all differ (:func:`repeated_noise`:
 noise reused across calls); that it is otherwise fresh (e.g. not a function of the prompt) is assumed.
 """
