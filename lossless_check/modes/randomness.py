@@ -240,7 +240,7 @@ class OwnRandomness:
         if watch.seen:
             self.seen = watch.seen[0]
         elif drafts and _global_streams() == before:
-            key = drafts[0].numpy().tobytes() + str(tuple(drafts[0].shape)).encode()
+            key = drafts[0].cpu().numpy().tobytes() + str(tuple(drafts[0].shape)).encode()
             if self._still_drafts is None:
                 self._still_drafts = key
             elif key != self._still_drafts:
