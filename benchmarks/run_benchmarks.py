@@ -8,7 +8,8 @@
    target logits, the installed ``_speculative_sampling``, nothing else. Arms interleaved in blocks
    so machine noise hits both alike; the harness at batch 1 (what it did before batching) beside.
    The same at V = 32,000 (``zipf32k``, ``top_p=0.9``) and 49,152 (``lm49k``, ``top_k=50``), where the
-   bare loop's laws are one tensor per position (:func:`bare_verifier_loop_large`).
+   bare loop's laws are one tensor per position (:func:`bare_verifier_loop_large`), beside a bare loop
+   drawing as the harness does there (by inverse CDF: its drafts and the verifier's one draw).
    Generate mode: the harness's collection (hooks, the verifier watch, the bookkeeping) against a bare
    loop of the same ``generate()`` call with the same stubs and config (:func:`bare_generate_loop`).
 2. scaling: the same cases with --workers 1 and 2 (identical results asserted).
@@ -27,6 +28,7 @@ import json
 import os
 import sys
 import time
+from contextlib import nullcontext
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -46,6 +48,7 @@ from lossless_check.faces.cli import DEFAULT_SAMPLES
 from lossless_check.modes.sample_size import samples_to_detect  # noqa: E402
 from lossless_check.laws.matrix import matrix  # noqa: E402
 from lossless_check.modes.generate import _setup as generate_setup, collect as collect_generations  # noqa: E402
+from lossless_check.modes.interception import one_row_draws_by_inverse_cdf  # noqa: E402
 from lossless_check.modes.randomness import FRESH_CALLS  # noqa: E402
 from lossless_check.modes.replay import total_replays  # noqa: E402
 from lossless_check.modes.step import StepCase  # noqa: E402
@@ -110,20 +113,24 @@ def throughput(generator: str, trials: int, blocks: int = 4) -> dict:
 LARGE_VOCABULARY_CASES = (("zipf32k", {"top_p": 0.9}), ("lm49k", {"top_k": 50}))
 
 
-def bare_verifier_loop_large(step: StepCase, trials: int) -> float:
+def bare_verifier_loop_large(step: StepCase, trials: int, same_draws: bool = False) -> float:
     """:func:`bare_verifier_loop` at a large vocabulary, where drafted prefixes cannot be enumerated:
     with a drafter and target table that do not read the previous token (``iid``, ``per_position``)
-    and a history-free stack, each position's processed laws are one tensor, computed once, untimed."""
+    and a history-free stack, each position's processed laws are one tensor, computed once, untimed.
+
+    ``same_draws``: its drafts and the verifier's draw by inverse CDF, as the harness makes them
+    (:func:`~lossless_check.modes.interception.one_row_draws_by_inverse_cdf`); by default torch's kernel."""
     scenario = step.case.scenario
     assert "markov" not in (scenario.target.kind, scenario.drafter.kind), "the laws must not depend on the tokens"
     gamma, prompt = step.positions - 1, step.prompt_ids
-    laws = [torch.tensor(step.laws.drafter((0,) * j), dtype=torch.float32) for j in range(gamma)]
-    log_laws = torch.stack([torch.log(q) for q in laws])[None]
+    laws = [torch.tensor(step.laws.drafter((0,) * j), dtype=torch.float32)[None] for j in range(gamma)]
+    log_laws = torch.cat([torch.log(q) for q in laws])[None]
     target = step.target_side.computed(torch.cat([prompt, torch.zeros(1, gamma, dtype=torch.long)], dim=1))
+    draws = one_row_draws_by_inverse_cdf(scenario.vocab_size) if same_draws else nullcontext()
     started = time.perf_counter()
-    with torch.no_grad():
+    with torch.no_grad(), draws:
         for _ in range(trials):
-            drafts = torch.cat([torch.multinomial(q, 1) for q in laws])[None]
+            drafts = torch.cat([torch.multinomial(q, 1) for q in laws], dim=1)
             step.verify(torch.cat([prompt, drafts], dim=1), log_laws, gamma, target.clone())
     return time.perf_counter() - started
 
@@ -136,16 +143,18 @@ def throughput_large(generator: str, scenario: str, warpers: dict, trials: int, 
     (:data:`~lossless_check.modes.randomness.FRESH_CALLS`), per trial."""
     case = Case(resolve_generator(generator), warpers, scenario=SCENARIOS[scenario])
     step = StepCase(case)
-    bare = harness = 0.0
+    bare = bare_same = harness = 0.0
     per_block = trials // blocks
     replays = round(per_block * total_replays(DEFAULT_SAMPLES) / DEFAULT_SAMPLES)
     fresh = round(per_block * FRESH_CALLS / DEFAULT_SAMPLES)
     for block in range(blocks):
         bare += bare_verifier_loop_large(step, per_block)
+        bare_same += bare_verifier_loop_large(step, per_block, same_draws=True)
         harness += step.collect(per_block, seed=block, replays=replays, fresh=fresh).seconds
     n = per_block * blocks
     return {"generator": generator, "scenario": scenario, "vocab": case.scenario.vocab_size, "trials": n,
             "bare_samples_per_s": n / bare, "harness_samples_per_s": n / harness, "ratio": bare / harness,
+            "bare_same_draws_samples_per_s": n / bare_same, "ratio_same_draws": bare_same / harness,
             "batch_note": step.batching[1]}
 
 
@@ -154,11 +163,13 @@ def print_large_throughput(rows: list[dict]) -> None:
     from rich.table import Table
 
     table = Table(title="step-mode throughput at large vocabularies: harness vs the bare-verifier loop (one process)")
-    for col in ("generator", "scenario", "bare verifier samples/s", "harness samples/s", "harness / bare"):
+    for col in ("generator", "scenario", "bare verifier samples/s", "harness samples/s", "harness / bare",
+                "bare, the harness's draws", "harness / that"):
         table.add_column(col)
     for row in rows:
         table.add_row(row["generator"], f"{row['scenario']} (V={row['vocab']:,})", f"{row['bare_samples_per_s']:.0f}",
-                      f"{row['harness_samples_per_s']:.0f}", f"{row['ratio']:.2f}x")
+                      f"{row['harness_samples_per_s']:.0f}", f"{row['ratio']:.2f}x",
+                      f"{row['bare_same_draws_samples_per_s']:.0f}", f"{row['ratio_same_draws']:.2f}x")
     Console().print(table)
 
 

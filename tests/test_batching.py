@@ -362,3 +362,40 @@ def test_anything_but_one_token_a_row_of_valid_weights_goes_to_torch():
     with pytest.raises(RuntimeError):
         sample(torch.zeros(3, 6), 1)  # a row of zero weights: torch refuses it
     assert len(calls) == 7
+
+
+def test_the_verifiers_one_row_draws_at_a_large_vocabulary_come_from_the_weights_law():
+    """Under ``one_row_draws_by_inverse_cdf`` (step mode verifies its rows under it), one token from one
+    row of 2,048 weights, mostly zero as after top-k, is drawn by inverse CDF from the weights' law
+    (chi-square, 3,000 draws, seeded; false failure 1e-6; control: draws from the squared weights are
+    rejected); a row of 8 weights, everything after the block, and the block at a small vocabulary go
+    to torch's own."""
+    from lossless_check.modes.interception import ONE_ROW_FROM_VOCAB, one_row_draws_by_inverse_cdf
+
+    calls = []
+    torch_multinomial = torch.multinomial
+
+    def original(*args, **kwargs):
+        calls.append(args[0].shape)
+        return torch_multinomial(*args, **kwargs)
+
+    weights = torch.zeros(1, 2048)
+    weights[0, [0, 5, 700, 1500, 2046, 2047]] = torch.tensor([0.3, 0.05, 0.2, 0.15, 0.1, 0.2])
+    assert weights.shape[1] >= ONE_ROW_FROM_VOCAB
+    torch.manual_seed(0)
+    torch.multinomial = original
+    try:
+        with one_row_draws_by_inverse_cdf(2048):
+            assert _draws_pvalue(lambda w: torch.multinomial(w, num_samples=1), weights, 3000) > 1e-6
+            assert _draws_pvalue(lambda w: w.multinomial(1), weights, 3000) > 1e-6  # the method, too
+            assert _draws_pvalue(lambda w: torch.multinomial(w ** 2, 1), weights, 3000) < 1e-6
+            assert calls == []
+            torch.multinomial(torch.ones(1, 8), 1)
+            assert calls == [(1, 8)]
+        assert torch.multinomial is original
+        torch.multinomial(weights, 1)
+        with one_row_draws_by_inverse_cdf(ONE_ROW_FROM_VOCAB - 1):  # a small vocabulary: torch's own
+            torch.multinomial(weights, 1)
+        assert len(calls) == 3
+    finally:
+        torch.multinomial = torch_multinomial

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable
 
 from lossless_check.core.errors import UsageError
 from lossless_check.evidence.results import Case, CaseResult, RunResult, decide
-from lossless_check.modes import MODES, STATISTICAL_MODES, chunked_run, run_case, skip_reason
+from lossless_check.modes import MODES, STATISTICAL_MODES, chunked_run, preload, run_case, skip_reason
 from lossless_check.modes.informativeness import attach_plan, evidence_plan
 from lossless_check.running.chunks import CHUNK_TIMEOUT
 from lossless_check.running.engine import make_engine
@@ -78,11 +78,6 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
     _check_processors(cases)
     statistical = [c.mode in STATISTICAL_MODES for c in cases]
     informative = evidence_plan(cases)
-    # Alpha is split over the cases that can produce evidence: not a case known to be skipped or to
-    # error before its trials (modes.skip_reason), nor one vacuous by the exact laws (it still runs,
-    # for its exact checks; decide() gives it no share).
-    alpha_case = alpha / max(1, sum(s and i != [] and skip_reason(c, timeout) is None
-                                    for c, s, i in zip(cases, statistical, informative)))
     tasks = [replace(c, mode="step") if c.mode == "all" else c for c in cases]
     results: list = [None if journal is None else journal.done.get(i) for i in range(len(cases))]
     todo = [i for i, r in enumerate(results) if r is None]
@@ -96,6 +91,12 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
 
     try:
         with make_engine(workers, backend, address) as engine:
+            engine.start_early(len(todo), preload)
+            # Alpha is split over the cases that can produce evidence: not a case known to be skipped or to
+            # error before its trials (modes.skip_reason: its probes take seconds, while the workers start),
+            # nor one vacuous by the exact laws (it still runs, for its exact checks; decide() gives it no share).
+            alpha_case = alpha / max(1, sum(s and i != [] and skip_reason(c, timeout) is None
+                                            for c, s, i in zip(cases, statistical, informative)))
             engine.map(run_case, [(tasks[i], planned[i], seed, alpha_case, sequential, timeout, batch_size, chunks)
                                   for i in todo], progress,
                        cost=[_work_estimate(tasks[i], planned[i]) for i in todo], finished=finished,

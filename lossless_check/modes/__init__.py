@@ -74,6 +74,14 @@ def probe(case: Case, timeout: float = 600.0) -> str | None:
     return _PROBED[key][1]
 
 
+def preload() -> None:
+    """Import what :func:`run_case` needs in every mode (a worker starting up imports it here, in
+    parallel with the run's set-up, rather than in its first case)."""
+    import lossless_check.modes.generate  # noqa: F401
+    import lossless_check.modes.greedy  # noqa: F401
+    import lossless_check.modes.step_run  # noqa: F401
+
+
 def run_case(case: Case, samples: int, seed: int, alpha_case: float, sequential: bool = True,
              timeout: float = 600.0, batch_size: int | None = None, store=None) -> CaseResult:
     """Run and analyse one case of any mode at ``alpha_case`` (the verdict is re-decided across a run).

@@ -8,6 +8,7 @@ provenance check (:mod:`lossless_check.modes.provenance`) matches them to draft 
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +35,14 @@ class Draw:
     kind: str
     token: int | None = None
     row: torch.Tensor | None = None  # float64, normalised; only for sampled kinds
+
+
+def replace_attribute(owner, name: str, value):
+    """Set ``owner.name`` to ``value``; return what puts the original back."""
+    original = getattr(owner, name)
+    own = name in owner.__dict__  # Tensor methods live on TensorBase: restore by deleting
+    setattr(owner, name, value)
+    return (lambda: setattr(owner, name, original)) if own else (lambda: delattr(owner, name))
 
 
 def call_argument(args, kwargs, index, name, default=None):
@@ -81,7 +90,6 @@ class Interception:
         """Patch ``owner.name``: ``record`` sees each outermost call's result; ``sampler(original)``, where
         given, makes the call instead of the original."""
         original = getattr(owner, name)
-        own = name in owner.__dict__  # Tensor methods live on TensorBase: restore by deleting
         call = original if sampler is None else sampler(original)
 
         def wrapper(*args, **kwargs):
@@ -95,8 +103,7 @@ class Interception:
                 self._depth -= 1
             return out if replaced is None else replaced
 
-        setattr(owner, name, wrapper)
-        self._undo.append((lambda: setattr(owner, name, original)) if own else (lambda: delattr(owner, name)))
+        self._undo.append(replace_attribute(owner, name, wrapper))
 
     def _rows(self, probs: torch.Tensor) -> torch.Tensor | None:
         if probs.dim() == 0 or probs.shape[-1] != self.vocab_size:
@@ -135,29 +142,55 @@ class Interception:
             self.draws.append(Draw(NOISE))
 
 
-def inverse_cdf_multinomial(original):
+#: The vocabulary from which one row's draw is also made by inverse CDF (:func:`inverse_cdf_multinomial`):
+#: measured on one CPU core, torch's kernel and the inverse CDF cost the same at V = 8, and torch's
+#: twice as much at 1,024, 13 times at 32,000.
+ONE_ROW_FROM_VOCAB = 1024
+
+
+def inverse_cdf_multinomial(original, one_row: bool = False):
     """``torch.multinomial`` (or ``Tensor.multinomial``) drawing one token a row of a 2-D weight matrix
     by inverse CDF in float64: ``searchsorted(cumsum(w), u * sum(w), right=True)``, ``u`` uniform in [0, 1).
 
     Token ``i`` comes out with probability ``w_i / sum(w)`` up to float64 round-off (a zero weight is an
     empty interval, never drawn), which is the law ``torch.multinomial`` samples; on CPU at V = 49,152 it
     costs about a tenth of torch's kernel, which draws an exponential per token. Anything else goes to
-    ``original``, which draws (or raises) as it would: several tokens, one row, a private
-    ``generator``, ``out=``, a weight that is negative, NaN or infinite, a row that sums to zero.
+    ``original``, which draws (or raises) as it would: several tokens, one row (unless ``one_row`` and
+    the row holds :data:`ONE_ROW_FROM_VOCAB` weights or more), a private ``generator``, ``out=``, a
+    weight that is negative, NaN or infinite, a row that sums to zero.
     """
-
     def sample(*args, **kwargs):
         weights = call_argument(args, kwargs, 0, "input")
         if (len(args) + len(kwargs) > 3 or set(kwargs) - {"input", "num_samples", "replacement"}
                 or call_argument(args, kwargs, 1, "num_samples") != 1 or not isinstance(weights, torch.Tensor)
-                or weights.dim() != 2 or weights.shape[0] < 2 or weights.shape[1] < 1 or not weights.is_floating_point()
+                or weights.dim() != 2 or weights.shape[1] < 1 or not weights.is_floating_point()
+                or weights.shape[0] < (1 if one_row and weights.shape[1] >= ONE_ROW_FROM_VOCAB else 2)
                 or weights.device.type != "cpu" or not float(weights.amin()) >= 0):  # NaN: not >= 0
             return original(*args, **kwargs)
         cdf = weights.detach().to(torch.float64).cumsum(-1)
         total = cdf[:, -1:]  # NaN or inf in a row ends its cumulative sum there
         if not bool((torch.isfinite(total) & (total > 0)).all()):
             return original(*args, **kwargs)
-        u = torch.rand(total.shape, dtype=torch.float64) * total
-        return torch.searchsorted(cdf, u, right=True).clamp_(max=weights.shape[1] - 1)
+        # u <= 1 - 2^-53, so u * sum(w) rounds below sum(w): the index is a token's, never V.
+        return torch.searchsorted(cdf, torch.rand(total.shape, dtype=torch.float64) * total, right=True)
 
     return sample
+
+
+@contextmanager
+def one_row_draws_by_inverse_cdf(vocab_size: int):
+    """While active, at a vocabulary of :data:`ONE_ROW_FROM_VOCAB` or more (below it, nothing changes), a
+    ``torch.multinomial`` draw of one token from one row of that many weights is made by
+    :func:`inverse_cdf_multinomial` (the same law: 0.05 ms against torch's 0.65 ms at V = 32,000), and
+    every other call by torch. Step mode verifies its rows under it: the installed ``_speculative_sampling``
+    draws its residual or bonus token from one such row, by ``torch.multinomial``."""
+    if vocab_size < ONE_ROW_FROM_VOCAB:
+        yield
+        return
+    undo = [replace_attribute(owner, "multinomial", inverse_cdf_multinomial(owner.multinomial, one_row=True))
+            for owner in (torch, torch.Tensor)]
+    try:
+        yield
+    finally:
+        for restore in reversed(undo):
+            restore()

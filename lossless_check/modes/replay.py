@@ -23,7 +23,8 @@ as the fresh noise of a batch-1 call, as a forced token is a draw from the row's
 A batched call's own one-token-a-row draws are made by inverse CDF in float64
 (:func:`~lossless_check.modes.interception.inverse_cdf_multinomial`): the law ``torch.multinomial``
 samples, at about a tenth of its CPU cost at V = 49,152, and all a forced replay needs of the row's
-draws is that each is a draw from its row's law. Replays and every batch-1 call draw with torch's own.
+draws is that each is a draw from its row's law. Replays and every batch-1 drafting call draw with
+torch's own (the verifier's one draw a row, at a large vocabulary, is by inverse CDF too: :mod:`.step`).
 
 A difference anywhere raises :class:`BatchMismatch`, and the case runs at batch 1. So does a row
 that cannot be replayed: a sampler drawing several tokens per row, noise whose shape is not the

@@ -40,6 +40,7 @@ from lossless_check.modes.batching import (
     family_flag,
     rows_per_call,
 )
+from lossless_check.modes.interception import one_row_draws_by_inverse_cdf
 from lossless_check.modes.observations import Observations, widen
 from lossless_check.modes.randomness import (
     FRESH_LEVEL,
@@ -201,14 +202,15 @@ class StepCase:
                     emitted = widen(emitted, gamma + 1)
                 impossible[t : t + rows] = zero_q.sum(axis=1)
                 drafts[t : t + rows] = lengths
-                for r in range(rows):
-                    g = lengths[r]
-                    candidates = candidate_ids[r : r + 1, : length + g]
-                    valid_tokens, n = self.verified(candidates, candidate_logits[r : r + 1, :g], g)
-                    tokens = valid_tokens[0].numpy()
-                    emitted[t, : len(tokens)] = tokens
-                    n_matches[t] = int(n)
-                    t += 1
+                with one_row_draws_by_inverse_cdf(self.case.scenario.vocab_size):  # the verifier's draws
+                    for r in range(rows):
+                        g = lengths[r]
+                        candidates = candidate_ids[r : r + 1, : length + g]
+                        valid_tokens, n = self.verified(candidates, candidate_logits[r : r + 1, :g], g)
+                        tokens = valid_tokens[0].numpy()
+                        emitted[t, : len(tokens)] = tokens
+                        n_matches[t] = int(n)
+                        t += 1
         return Observations(emitted, n_matches, drafts, impossible, replayed, time.perf_counter() - started)
 
     def verified(self, candidates: torch.Tensor, candidate_logits: torch.Tensor, gamma: int):

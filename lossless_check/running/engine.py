@@ -60,6 +60,17 @@ class Engine:
         finally:
             self._abandoned += scheduler.abandoned
 
+    def start_early(self, tasks: int, warm: Callable[[], None]) -> None:
+        """Start the workers now, each running ``warm`` (its imports), when ``tasks`` will need them:
+        a worker's start-up (torch, transformers, the modes: 3-4 s) then overlaps what this process
+        does before :meth:`map` (the run's probes and exact laws) instead of following it."""
+        if self.workers <= 1 or tasks <= 1:
+            return
+        pool = self._start()
+        # With spawn, each submit that finds no idle worker starts one: ``workers`` warm-ups start them all.
+        for _ in range(self.workers):
+            pool.submit(warm)
+
     def _start(self) -> ProcessPoolExecutor:
         if self._pool is None:
             from lossless_check.running.spawn_guard import check_main_guard
@@ -87,7 +98,9 @@ class Engine:
         return self
 
     def __exit__(self, kind, *exc) -> None:
-        self.close(stop_now=kind is not None and issubclass(kind, KeyboardInterrupt))
+        # Any exception ends the run: nothing waits on its workers (a usage error found while they
+        # start up is not held back until their imports finish).
+        self.close(stop_now=kind is not None)
 
 
 def _report(index: int, result, progress, finished) -> None:

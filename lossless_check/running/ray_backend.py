@@ -121,6 +121,9 @@ class RayEngine:
             self._ray.shutdown()
             self._started = False
 
+    def start_early(self, tasks: int, warm: Callable[[], None]) -> None:
+        """Nothing: Ray's workers start with the cluster."""
+
     def __enter__(self) -> "RayEngine":
         return self
 
