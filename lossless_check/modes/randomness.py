@@ -52,6 +52,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
+from lossless_check.modes.interception import replace_attribute
 from lossless_check.modes.replay import BatchMismatch
 
 #: Unforced batch-1 calls whose draws :func:`fresh_draws_evalue` tests, in a batched case's first chunk.
@@ -111,7 +112,6 @@ class RandomnessWatch:
 
     def _wrap(self, owner, name: str, what) -> None:
         original = getattr(owner, name)
-        own = name in owner.__dict__
 
         def wrapper(*args, **kwargs):
             seen = what(*args, **kwargs)
@@ -119,8 +119,7 @@ class RandomnessWatch:
                 self.seen.append(seen)
             return original(*args, **kwargs)
 
-        setattr(owner, name, wrapper)
-        self._undo.append((lambda: setattr(owner, name, original)) if own else (lambda: delattr(owner, name)))
+        self._undo.append(replace_attribute(owner, name, wrapper))
 
     @staticmethod
     def _private_generator(name: str):
