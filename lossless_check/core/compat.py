@@ -5,6 +5,10 @@ from __future__ import annotations
 import inspect
 from functools import lru_cache
 
+#: How a case of a generator the installed release does not have says so (``f"{name} {ABSENT}"``): not
+#: applicable there, which is neither a pass nor a failure.
+ABSENT = "is not in the installed transformers"
+
 
 @lru_cache(maxsize=None)
 def speculative_sampling():

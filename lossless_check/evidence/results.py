@@ -23,9 +23,16 @@ EXACT_CHECKS = ("support", "impossible_draft", "stopping", "provenance")
 BLIND = ("exact pass blind: provenance could not see how the drafts were sampled (interception gap), so only the "
          "statistical tests checked q")
 #: Verdicts, in the order reports list them. ``vacuous``: the case could not reveal a bug in ``q``
-#: (:mod:`~lossless_check.modes.informativeness`); only its exact checks ran, and they passed. ``unfinished``:
-#: only in the report of an interrupted run.
-VERDICTS = ("not_lossless", "error", "vacuous", "lossless", "skipped", "unfinished")
+#: (:mod:`~lossless_check.modes.informativeness`); only its exact checks ran, and they passed. ``inconclusive``:
+#: its tests ran and rejected nothing, but could not have seen a departure of the run's stated size
+#: (:data:`DEFAULT_MAX_DETECTABLE_TV`): not a pass. ``unfinished``: only in the report of an interrupted run.
+VERDICTS = ("not_lossless", "error", "inconclusive", "vacuous", "lossless", "skipped", "unfinished")
+#: The largest ``tv_detectable`` (at power :data:`POWER`, at an informative position) a statistical case may state
+#: and still read ``lossless``: a case that could not have seen a departure of this total variation is
+#: ``inconclusive``. It is the figure the default gate's slowest mode reaches (generate mode, 400 calls:
+#: 0.20-0.28 on markov8); the bug classes the project has met depart by TV 0.09-0.76 at their failing
+#: position. ``--max-detectable-tv`` sets it per run.
+DEFAULT_MAX_DETECTABLE_TV = 0.3
 
 
 @dataclass(frozen=True)
@@ -116,6 +123,22 @@ class CaseResult:
     subject: bool = True
     # Greedy mode: what was compared with plain greedy decoding, what the loop did, the first difference.
     greedy_equivalence: dict | None = None
+    # The run's bar (decide()): a statistical case reads lossless only if it states power at or below it.
+    max_detectable_tv: float | None = None
+
+    @property
+    def detectable(self) -> tuple[int, float] | None:
+        """The informative position with the smallest stated ``tv_detectable`` and that figure (``None``: no
+        informative position states one, e.g. a batched case informative past position 1 only)."""
+        informative = self.informative_positions or [1]
+        stated = [(p["tv_detectable"], p["position"]) for p in self.positions
+                  if p.get("position") in informative and p.get("tv_detectable") is not None]
+        if not self.positions and self.tv_detectable is not None:
+            stated = [(self.tv_detectable, 1)]
+        if not stated:
+            return None
+        tv, position = min(stated)
+        return position, tv
 
     @property
     def exact_pass_blind(self) -> bool:
@@ -173,6 +196,8 @@ class CaseResult:
             where = f"; smallest at position {worst['position']} (TV {worst['tv']:.4f})" if worst else ""
             parts.append(f"combined p-value {self.p_value:.2g}, Holm-adjusted "
                          f"{compared(self.p_value_adjusted, self.alpha_family, '<=', '', '.2g')} = family alpha{where}")
+        if self.verdict == "inconclusive":
+            parts.append(self._inconclusive())
         if self.verdict == "lossless" and not parts and self.tv is not None:
             first = (self.informative_positions or [1])[0]
             at = self.positions[first - 1] if self.positions else {}
@@ -206,6 +231,23 @@ class CaseResult:
                 f"({excess:+.3f}){flag}"
             )
         return "; ".join(parts)
+
+    def _inconclusive(self) -> str:
+        """Why a case that rejected nothing is no pass, and what would make it one."""
+        bar = self.max_detectable_tv
+        where = self.detectable
+        if where is None:
+            return (f"inconclusive: no rejection, but no power is stated at the informative positions "
+                    f"{', '.join(map(str, self.informative_positions or []))} (batched rows state none past position 1 for "
+                    f"batch-1 calls): it could not have been shown to see a departure of TV {bar:g}; --batch-size 1 "
+                    f"states it")
+        position, tv = where
+        # Every detectable TV here scales as 1/sqrt(n) (concentration bounds): the trials that reach the bar.
+        needed = math.ceil(self.samples * (tv / bar) ** 2) if self.samples else None
+        more = f"; about {needed} trials would" if needed else ""
+        seen = f" (TV {self.tv:.4f})" if self.tv is not None else ""
+        return (f"inconclusive: no rejection in {self.samples} trials{seen}, but it detects only "
+                f"TV >= {tv:.4f} at position {position} with power {POWER}, above the stated {bar:g}{more}")
 
     def to_dict(self) -> dict:
         out = dict(self.__dict__)
@@ -261,22 +303,52 @@ class RunResult:
 
     @property
     def exit_code(self) -> int:
-        """0 every subject lossless (or skipped, or vacuous: counted and shown, no failure); 1 a subject
-        not lossless or a generator error. Rows reported beside the subjects do not count.
+        """1 a subject not lossless or a generator error; else 5 (no answer) when a subject was not checked
+        (every case of it skipped, vacuous or unfinished: :meth:`unchecked`) or a case is ``inconclusive``;
+        else 0. Rows reported beside the subjects do not count.
 
         A generator that raises or returns malformed output is a finding about the generator, so it
         exits 1 like a not-lossless case; 3 is reserved for the harness's own bugs (raised, never a
         verdict).
         """
-        return 1 if any(c.verdict in ("not_lossless", "error") for c in self.subjects) else 0
+        from lossless_check.core.exit_codes import exit_code_for
+
+        return exit_code_for(self._by_subject())
+
+    def _by_subject(self) -> dict[str, list[str]]:
+        verdicts: dict[str, list[str]] = {}
+        for c in self.subjects:
+            verdicts.setdefault(c.generator, []).append(c.verdict)
+        return verdicts
+
+    def unchecked(self) -> dict[str, str]:
+        """Subjects none of whose cases was checked, each with why (its cases' verdicts and reasons)."""
+        from lossless_check.core.exit_codes import CHECKED
+
+        out = {}
+        for name, verdicts in self._by_subject().items():
+            if set(verdicts) & set(CHECKED):
+                continue
+            cases = [c for c in self.subjects if c.generator == name]
+            reasons: dict[str, int] = {}
+            for c in cases:
+                reasons[f"{c.verdict} ({c.mode}): {c.reason}"] = reasons.get(f"{c.verdict} ({c.mode}): {c.reason}", 0) + 1
+            out[name] = "; ".join(f"{n} x {why}" if n > 1 else why for why, n in reasons.items())
+        return out
 
     def counts(self) -> dict[str, int]:
         """Subjects per verdict."""
         return {v: sum(c.verdict == v for c in self.subjects) for v in VERDICTS}
 
 
-def decide(results: list[CaseResult], alpha_family: float) -> None:
+def decide(results: list[CaseResult], alpha_family: float,
+           max_detectable_tv: float = DEFAULT_MAX_DETECTABLE_TV) -> None:
     """Holm across the tested cases: verdicts controlling the family-wise false-failure rate.
+
+    A tested case that rejects nothing reads ``lossless`` only where it could have seen a departure of
+    total variation ``max_detectable_tv`` (its :attr:`CaseResult.detectable` figure, power :data:`POWER`);
+    otherwise ``inconclusive``. The bar changes no p-value and no rejection: the false-failure rate is
+    untouched, only what a pass claims.
 
     The family is every case that ran and was given a share of the alpha: a case vacuous by the laws
     (``law_informative_positions == []``, known before it ran) is not in it. A case that turns out
@@ -293,6 +365,10 @@ def decide(results: list[CaseResult], alpha_family: float) -> None:
         # Checks flagged at the Bonferroni level stand when Holm rejects; a lossless verdict has none.
         if r.verdict == "lossless":
             r.failed_checks = []
+            r.max_detectable_tv = max_detectable_tv
+            where = r.detectable
+            if not r.vacuous and (where is None or where[1] > max_detectable_tv):
+                r.verdict = "inconclusive"
     for r in ran:
         if r.vacuous:
             r.verdict = "not_lossless" if r.exact_failure else "vacuous"

@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any, Callable, Iterable
 
 from lossless_check.core.errors import UsageError
-from lossless_check.evidence.results import Case, CaseResult, RunResult, decide
+from lossless_check.evidence.results import DEFAULT_MAX_DETECTABLE_TV, Case, CaseResult, RunResult, decide
 from lossless_check.modes import MODES, STATISTICAL_MODES, chunked_run, preload, run_case, skip_reason
 from lossless_check.modes.informativeness import attach_plan, evidence_plan
 from lossless_check.running.chunks import CHUNK_TIMEOUT
@@ -45,7 +45,7 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
               timeout: float = CHUNK_TIMEOUT, batch_size: int | None = None,
               samples_by_mode: dict[str, int] | None = None, journal=None, backend: str = "local",
               address: str | None = None, verifier: bool = False, verifier_gates: bool = False,
-              chunks=None) -> RunResult:
+              chunks=None, max_detectable_tv: float = DEFAULT_MAX_DETECTABLE_TV) -> RunResult:
     """Run cases of any mode on one engine; the family-wise decision covers every statistical case.
 
     ``verifier``: add the exact check of the installed ``_speculative_sampling`` as the last row
@@ -54,7 +54,9 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
     run fail) only with ``verifier_gates``; otherwise it is reported beside the cases (``subject=False``).
 
     ``samples_by_mode`` overrides ``samples`` for the cases of a mode (the gate runs the slower
-    generate mode at fewer trials; each case states its own ``tv_detectable``).
+    generate mode at fewer trials; each case states its own ``tv_detectable``). A case that rejects nothing
+    but could not have seen a departure of TV ``max_detectable_tv`` is ``inconclusive``, not ``lossless``
+    (:func:`~lossless_check.evidence.results.decide`).
 
     ``progress(trials)`` is called as each case completes, with the trials it ran. Results do not depend on ``workers``.
     ``journal`` (a :class:`~lossless_check.running.journal.Journal`): its finished cases are not run again, and
@@ -74,7 +76,7 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
         with tempfile.TemporaryDirectory(prefix="lossless-chunks-") as kept:
             return run_cases(cases, samples, alpha, seed, workers, progress, sequential, timeout, batch_size,
                              samples_by_mode, journal, backend, address, verifier, verifier_gates,
-                             chunks=ChunkStore(kept))
+                             chunks=ChunkStore(kept), max_detectable_tv=max_detectable_tv)
     _check_processors(cases)
     statistical = [c.mode in STATISTICAL_MODES for c in cases]
     informative = evidence_plan(cases)
@@ -107,11 +109,11 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
         for case, result, positions in zip(tasks, partial, informative):
             if result.verdict != "unfinished":
                 attach_plan(result, case, positions)
-        decide([r for r, s in zip(partial, statistical) if s], alpha)
+        decide([r for r, s in zip(partial, statistical) if s], alpha, max_detectable_tv)
         raise RunInterrupted(RunResult(partial, alpha, seed, samples, interrupted=True)) from None
     for case, result, positions in zip(tasks, results, informative):
         attach_plan(result, case, positions)
-    decide([r for r, s in zip(results, statistical) if s], alpha)
+    decide([r for r, s in zip(results, statistical) if s], alpha, max_detectable_tv)
     for case, task, result in zip(cases, tasks, results):
         if case.mode == "all":
             from lossless_check.modes.provenance import attach_provenance
@@ -268,7 +270,7 @@ def run(generators: Iterable[str] | str | None = None, warpers=None, matrix: str
         scenario: str | None = None, samples: int = DEFAULT_SAMPLES, alpha: float = DEFAULT_ALPHA, seed: int = 0,
         workers: int = 1, sequential: bool = True, max_new_tokens: int = 4,
         progress: Callable[[int], None] | None = None, verifier: bool = True,
-        verifier_gates: bool | None = None) -> RunResult:
+        verifier_gates: bool | None = None, max_detectable_tv: float = DEFAULT_MAX_DETECTABLE_TV) -> RunResult:
     """Check every generator under every warper stack; verdicts control the family-wise rate ``alpha``.
 
     ``generators``: names or ``module:attr`` specs (default: every built-in); ``warpers``: a spec
@@ -284,25 +286,29 @@ def run(generators: Iterable[str] | str | None = None, warpers=None, matrix: str
     is reported beside them (``subject`` false). ``workers`` > 1 starts worker processes that import
     the calling script again (multiprocessing's spawn): call this under ``if __name__ == "__main__":``
     (a call outside it is refused with a :class:`~lossless_check.core.errors.UsageError` saying so).
+    A case that rejects nothing but could not have seen a departure of TV ``max_detectable_tv`` (power 0.99)
+    is ``inconclusive``; a subject with no checked case, or an inconclusive one, gives ``exit_code`` 5.
     """
     cases = cases_for(generators, warpers, matrix, mode, scenario, max_new_tokens)
     gates = generators is None if verifier_gates is None else verifier_gates
     return run_cases(cases, samples, alpha, seed, workers, progress, sequential, verifier=verifier,
-                     verifier_gates=gates)
+                     verifier_gates=gates, max_detectable_tv=max_detectable_tv)
 
 
 def check(generator: str, warpers=None, mode: str = "step", scenario: str = DEFAULT_SCENARIO,
           samples: int = DEFAULT_SAMPLES, alpha: float = DEFAULT_ALPHA, seed: int = 0, sequential: bool = True,
-          max_new_tokens: int = 4) -> CaseResult:
+          max_new_tokens: int = 4, max_detectable_tv: float = DEFAULT_MAX_DETECTABLE_TV) -> CaseResult:
     """Check one generator under one warper stack (plain sampling when ``warpers`` is ``None``).
 
     Returns a :class:`~lossless_check.evidence.results.CaseResult`: ``verdict`` (``lossless``,
-    ``not_lossless``, ``vacuous`` (the stack leaves nothing for ``q`` to change: only the exact checks
+    ``not_lossless``, ``inconclusive`` (nothing rejected, but a departure of TV ``max_detectable_tv`` could not
+    have been seen: not a pass), ``vacuous`` (the stack leaves nothing for ``q`` to change: only the exact checks
     ran), ``error`` or ``skipped``), ``p_value``, ``tv``, ``tv_detectable`` (the smallest
     TV at position 1 detected with probability 0.99) and ``explain()``. The chance that a lossless
-    generator is reported ``not_lossless`` is at most ``alpha``.
+    generator is reported ``not_lossless`` is at most ``alpha``. Only ``lossless`` is a pass.
     """
     if mode == "all":
         raise UsageError("check() takes one mode: step, generate, provenance or greedy")
     cases = cases_for([generator], warpers if warpers is not None else "none", None, mode, scenario, max_new_tokens)
-    return run_cases(cases[:1], samples, alpha, seed, sequential=sequential).cases[0]
+    return run_cases(cases[:1], samples, alpha, seed, sequential=sequential,
+                     max_detectable_tv=max_detectable_tv).cases[0]

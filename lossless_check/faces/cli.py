@@ -4,8 +4,9 @@
 Exit codes answer the question asked: 0 every subject lossless; 1 at least one subject not lossless,
 or a generator error (a finding about the generator); 2 bad usage or input (one line); 3 the harness's
 own bug; 4 interrupted (SIGINT or SIGTERM): the report holds every finished case, the rest
-``unfinished``, and ``--resume`` continues; 5 (``sweep``, ``bisect``) no answer: a release's run failed,
-and is reported so, never as a verdict. The subjects are the named generators; the installed verifier
+``unfinished``, and ``--resume`` continues; 5 no answer: nothing failed, but a subject was not checked
+(every case of it skipped or vacuous) or a case is ``inconclusive`` (too little power for a pass), or
+(``sweep``, ``bisect``) a release's run failed, reported so, never as a verdict. The subjects are the named generators; the installed verifier
 is one only in ``verifier``, in a ``run`` without ``--generator`` (the whole install), or with
 ``--verifier-gates``; elsewhere its state is reported beside the generators' verdicts.
 
@@ -20,6 +21,7 @@ import sys
 from lossless_check.core.errors import UsageError
 from lossless_check.core.exit_codes import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NOT_LOSSLESS, EXIT_OK, EXIT_USAGE
 from lossless_check.core.options import positive_int, probability
+from lossless_check.faces.on_release import add_release_option
 from lossless_check.running.ray_backend import check_backend
 
 #: Trials per case: position 1 then detects a TV of about 0.07 (vocabulary 8, family alpha 1e-6).
@@ -69,6 +71,10 @@ def _common(parser: argparse.ArgumentParser, samples_help: str) -> None:
     parser.add_argument("--no-verifier", action="store_true",
                         help="leave out the row of the exact check of the installed _speculative_sampling "
                              "(lossless-check verifier), which a run otherwise adds as its last row")
+    parser.add_argument("--max-detectable-tv", type=probability, default=None, metavar="TV",
+                        help="a case that rejects nothing reads lossless only if it would have detected a departure of "
+                             "this total variation (power 0.99, at an informative position); else it is "
+                             "inconclusive and the run exits 5 (default 0.3)")
     parser.add_argument("--verifier-gates", action="store_true",
                         help="let the installed verifier's row decide the exit code too; by default it does only "
                              "in a run without --generator (the whole install), and with named generators it is "
@@ -78,7 +84,8 @@ def _common(parser: argparse.ArgumentParser, samples_help: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="lossless-check", description="Statistical losslessness checks of speculative decoding.",
                      epilog="Exit codes: 0 every subject lossless, 1 a subject not lossless (or an error verdict), 2 bad "
-                            "usage, 3 internal error, 4 interrupted (--resume continues), 5 sweep/bisect: no answer, "
+                            "usage, 3 internal error, 4 interrupted (--resume continues), 5 no answer: a subject none "
+                            "of whose cases was checked (all skipped, vacuous), an inconclusive case, or (sweep/bisect) "
                             "runs they aggregate failed. The subjects are the named generators; the installed "
                             "verifier is one in 'verifier', in 'run' without --generator, or with --verifier-gates, "
                             "and is otherwise reported beside them without deciding the exit code.")
@@ -99,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-new-tokens", type=positive_int, default=4, metavar="K",
                      help="generate mode: tokens per generate() call, each position tested (default 4)")
     _common(run, f"trials per case (default {DEFAULT_SAMPLES})")
+    add_release_option(run)
     run.add_argument("--detect-tv", type=probability, metavar="TV",
                      help="size the run: enough samples per case to detect this TV at position 1 with power 0.99")
     run.add_argument("--timeout", type=positive_int, default=600, metavar="S",
@@ -113,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="trials per generate-mode case (the real loop, one sequence at a time; default 400)")
     gate.add_argument("--repro", metavar="DIR", help="write a standalone reproduction script for every failing case here")
     _common(gate, f"trials per case (default {DEFAULT_SAMPLES})")
+    add_release_option(gate)
     repro = sub.add_parser("repro", help="write a standalone script (torch and transformers only) that runs one case "
                                          "through the real generate() and exits 1 when it is not lossless")
     repro.add_argument("--generator", required=True, metavar="NAME")
@@ -208,7 +217,8 @@ def _run(args) -> int:
             result = run_cases(cases, args.samples, args.alpha, args.seed, args.workers, advance, sequential,
                                args.timeout, args.batch_size, journal=journal, backend=args.backend,
                                address=args.address, verifier=not args.no_verifier,
-                               verifier_gates=args.verifier_gates or not args.generator)
+                               verifier_gates=args.verifier_gates or not args.generator,
+                               **_bar(args))
     except RunInterrupted as stopped:
         return _interrupted(stopped.partial, args.json, args.table)
     print_table(result, table=args.table)
@@ -219,6 +229,11 @@ def _run(args) -> int:
 
         print("\n".join(write_repros(cases, result.cases, args.repro)))
     return result.exit_code
+
+
+def _bar(args) -> dict:
+    """``max_detectable_tv`` when ``--max-detectable-tv`` was given (else the library's default applies)."""
+    return {} if args.max_detectable_tv is None else {"max_detectable_tv": args.max_detectable_tv}
 
 
 def _interrupted(partial, json_path, table: str) -> int:
@@ -260,15 +275,15 @@ def _gate(args) -> int:
                                 sequential=not args.fixed, progress=advance, batch_size=args.batch_size,
                                 return_result=True, generate_samples=args.generate_samples, repro_dir=args.repro,
                                 resume=args.resume, backend=args.backend, address=args.address,
-                                verifier=not args.no_verifier, verifier_gates=args.verifier_gates)
+                                verifier=not args.no_verifier, verifier_gates=args.verifier_gates, **_bar(args))
     except RunInterrupted as stopped:
         return _interrupted(stopped.partial, str(Path(args.out) / "report.json"), args.table)
     from lossless_check.outputs.report import print_table
 
     print_table(result, table=args.table)
     reports = ", ".join(str(Path(args.out) / name) for name in ("report.json", "report.md", "report.html"))
-    Console(soft_wrap=True).print(f"gate {'passed' if code == 0 else 'failed'} (exit {code}); reports: {reports}",
-                                  highlight=False)
+    said = {EXIT_OK: "passed", EXIT_NOT_LOSSLESS: "failed"}.get(code, "gave no answer")
+    Console(soft_wrap=True).print(f"gate {said} (exit {code}); reports: {reports}", highlight=False)
     return code
 
 
@@ -304,6 +319,7 @@ def _mutants(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = build_parser().parse_args(argv)
         if args.command in ("run", "gate", "repro", "fuzz"):
@@ -318,11 +334,17 @@ def main(argv: list[str] | None = None) -> int:
             from lossless_check.faces.history_command import check_history_paths
 
             check_history_paths(args, _precheck)
-        if args.command in ("run", "gate", "fuzz", "sweep"):
+        if args.command in ("run", "gate", "fuzz", "sweep", "models"):
             import signal
 
             # A CI time-out or a pre-empted node sends SIGTERM: stop as for Ctrl-C, keeping what finished.
             signal.signal(signal.SIGTERM, signal.default_int_handler)
+        if getattr(args, "transformers", None):
+            from lossless_check.faces.on_release import run_on_release
+
+            code = run_on_release(args.transformers, argv)
+            if code is not None:
+                return code
         if args.command == "list":
             from lossless_check.outputs.listing import print_listing
 

@@ -77,8 +77,10 @@ def alpha_of_test(alpha: float, k: int) -> float:
 
 @dataclass
 class FuzzResult:
-    """The outcome of :func:`fuzz`: ``verdict`` ``lossless``, ``not_lossless`` or ``error`` (the generator
-    raised or timed out: not a losslessness verdict); ``exit_code`` 0 for ``lossless``, else 1."""
+    """The outcome of :func:`fuzz`: ``verdict`` ``lossless``, ``not_lossless``, ``error`` (the generator
+    raised or timed out: not a losslessness verdict) or ``inconclusive`` (no failure, but no stack's
+    statistical test passed with power: every stack checked was vacuous, skipped or inconclusive);
+    ``exit_code`` 0 for ``lossless``, 5 (no answer) for ``inconclusive``, else 1."""
 
     generator: str
     scenario: str
@@ -95,7 +97,9 @@ class FuzzResult:
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.verdict == "lossless" else 1
+        from lossless_check.core.exit_codes import EXIT_NO_ANSWER
+
+        return {"lossless": 0, "inconclusive": EXIT_NO_ANSWER}.get(self.verdict, 1)
 
     @property
     def alpha_spent(self) -> float:
@@ -123,6 +127,8 @@ class FuzzResult:
                     f"{self.seconds:.0f} s")
         if self.verdict == "lossless":
             return f"{self.generator}: lossless on {self.examples} examples of random warper stacks ({evidence})"
+        if self.verdict == "inconclusive":
+            return f"{self.generator}: NO ANSWER: {self.reason} ({evidence})"
         if self.verdict == "error":
             headline = (f"{self.generator}: ERROR under warpers [{self.stack}] (minimal stack, scenario "
                         f"{self.scenario}; the generator raised or timed out: an error, not a losslessness "
@@ -251,6 +257,16 @@ def _statistical_failure(record: dict) -> tuple[str, str] | None:
     return None
 
 
+def _no_evidence(records: list[dict]) -> str:
+    """Why a search that found no failure still has no answer: what became of each stack it met."""
+    outcomes: dict[str, int] = {}
+    for r in records:
+        said = "vacuous" if r["vacuous"] else f"{r.get('verdict', 'unchecked')}: {r.get('reason', '')}".rstrip(": ")
+        outcomes[said] = outcomes.get(said, 0) + 1
+    met = "; ".join(f"{n} x {said}" for said, n in outcomes.items()) or "no stack was drawn"
+    return f"no stack's statistical test passed with power ({met})"
+
+
 def _search(examiner: _Examiner, check: Callable[[dict], tuple[str, str] | None], key: str, examples: int,
             seed: int, database: str | None) -> tuple[dict, tuple[str, str]] | None:
     """Run hypothesis over ``examples`` non-vacuous stacks; the minimal failing stack and its
@@ -332,6 +348,8 @@ def fuzz(generator: str, examples: int = DEFAULT_EXAMPLES, samples: int = DEFAUL
         mode = "provenance" if _exact_failure(record) else mode
         result.verdict, result.stack, result.reason = verdict, record["stack"], why
         result.reproduce = reproduce_command(generator, record, scenario, mode, seed)
+    elif not any(r.get("verdict") == "lossless" for r in result.records):
+        result.verdict, result.reason = "inconclusive", _no_evidence(result.records)
     result.seconds = time.perf_counter() - started
     return result
 

@@ -22,7 +22,9 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from lossless_check.outputs.report import FAILING, TV_COLUMNS, beside_line, blind_line, tv_cells
+from lossless_check.core.exit_codes import FAILING
+from lossless_check.evidence.results import DEFAULT_MAX_DETECTABLE_TV
+from lossless_check.outputs.report import TV_COLUMNS, beside_line, blind_line, no_answer_lines, tv_cells
 
 if TYPE_CHECKING:
     from lossless_check.evidence.results import CaseResult, RunResult
@@ -32,9 +34,10 @@ REPORT_NAMES = ("report.json", "report.md", "report.html")
 NO_PLOTS = "the HTML report's plots need matplotlib (pip install matplotlib); the reports were written without them"
 #: The gate's journal of finished cases (:mod:`lossless_check.running.journal`), beside its reports.
 JOURNAL_NAME = "journal.jsonl"
-_MARK = {"lossless": "✅", "not_lossless": "❌", "error": "⚠️", "vacuous": "⭕", "skipped": "⏭️", "unfinished": "⏸️"}
-_COLOUR = {"lossless": "#c8e6c9", "not_lossless": "#ef9a9a", "error": "#ffe082", "vacuous": "#d1c4e9",
-           "skipped": "#e0e0e0", "unfinished": "#fff9c4"}
+_MARK = {"lossless": "✅", "not_lossless": "❌", "error": "⚠️", "inconclusive": "❔", "vacuous": "⭕", "skipped": "⏭️",
+         "unfinished": "⏸️"}
+_COLOUR = {"lossless": "#c8e6c9", "not_lossless": "#ef9a9a", "error": "#ffe082", "inconclusive": "#ffccbc",
+           "vacuous": "#d1c4e9", "skipped": "#e0e0e0", "unfinished": "#fff9c4"}
 
 
 def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "default", modes: tuple[str, ...] | None = None,
@@ -42,7 +45,7 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
          progress: Callable[[int], None] | None = None, sequential: bool = True, batch_size: int | None = None,
          return_result: bool = False, generate_samples: int = 400, repro_dir: str | Path | None = None,
          resume: bool = False, backend: str = "local", address: str | None = None, verifier: bool = True,
-         verifier_gates: bool = False):
+         verifier_gates: bool = False, max_detectable_tv: float = DEFAULT_MAX_DETECTABLE_TV):
     """Run ``generator_spec`` over a warper matrix, write the three reports into ``out_dir``, return the exit code.
 
     ``scenario=None``: the default scenario, plus the matrix's real-world cases in the first mode
@@ -51,7 +54,9 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
     (the statistical step mode with the exact provenance sub-verdict beside it), ``generate`` (the
     real loop; cases generate mode cannot drive are ``skipped`` with the reason) and ``greedy`` (exact,
     its rows from :func:`lossless_check.faces.api.greedy_cases`, whatever the matrix). The exit code is
-    :attr:`RunResult.exit_code` (0 every case lossless, 1 otherwise). Bad
+    :attr:`RunResult.exit_code` (1 a case not lossless or an error; 5 no answer: no case of the generator was
+    checked, or one is ``inconclusive``, i.e. could not have seen a departure of TV ``max_detectable_tv``;
+    0 otherwise). Bad
     input raises :class:`lossless_check.core.errors.UsageError`. ``return_result``: return
     ``(RunResult, exit code)`` instead. Generate mode (about 150 samples/s: the real loop drafts one
     sequence at a time) runs ``generate_samples`` trials per case, to catch the large effects of bugs
@@ -93,7 +98,8 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
     try:
         result = run_cases(cases, samples, alpha, seed, workers, progress, sequential=sequential,
                            batch_size=batch_size, samples_by_mode=by_mode, journal=journal, backend=backend,
-                           address=address, verifier=verifier, verifier_gates=verifier_gates)
+                           address=address, verifier=verifier, verifier_gates=verifier_gates,
+                           max_detectable_tv=max_detectable_tv)
     except RunInterrupted as stopped:
         write_reports(stopped.partial, out_dir, title=generator_spec)
         raise
@@ -139,21 +145,27 @@ def _fmt(value, spec: str) -> str:
 
 
 def _headline(result: RunResult) -> str:
-    """The verdict on the subjects (rows reported beside them follow in their own line: :func:`beside_line`)."""
+    """The verdict on the subjects (rows reported beside them follow in their own line: :func:`beside_line`;
+    what was not checked, and why, in :func:`~lossless_check.outputs.report.no_answer_lines`)."""
     subjects = result.subjects
     failing = sum(c.verdict in FAILING for c in subjects)
-    vacuous = sum(c.verdict == "vacuous" for c in subjects)
-    # Vacuous cases fail nothing but tested nothing about q: said beside the verdict, never counted as passes.
-    untested = f" ({vacuous} vacuous: they could not reveal a bug in q)" if vacuous else ""
+    counts = result.counts()
+    # Cases that fail nothing but tested nothing (or too little) about q: said beside the verdict, never passes.
+    untested = [f"{counts[v]} {v}" for v in ("inconclusive", "vacuous", "skipped") if counts[v]]
+    untested = f" ({', '.join(untested)}: not passes)" if untested else ""
     if failing:
         return f"not lossless: {failing} of {len(subjects)} cases fail{untested}"
-    return f"lossless: all {sum(c.verdict == 'lossless' for c in subjects)} checked cases pass{untested}"
+    if result.exit_code:
+        return (f"no answer: {counts['lossless']} of {len(subjects)} cases checked and lossless{untested}; "
+                f"see what was not checked below")
+    return f"lossless: all {counts['lossless']} checked cases pass{untested}"
 
 
 def _notes(result: RunResult) -> list[str]:
     """Lines under the headline: a blind exact pass (:func:`blind_line`), and the rows reported beside
     the subjects (:func:`beside_line`)."""
-    return [line for line in [blind_line(result)] + [beside_line(c) for c in result.beside] if line]
+    return [line for line in no_answer_lines(result) + [blind_line(result)] + [beside_line(c) for c in result.beside]
+            if line]
 
 
 def _context(result: RunResult, doc: dict) -> str:
@@ -184,13 +196,13 @@ def to_markdown(result: RunResult, doc: dict, title: str) -> str:
     def cell(text: str) -> str:
         return text.replace("|", "\\|")
 
-    mark = "❌" if result.exit_code else "✅"
+    mark = {0: "✅", 1: "❌"}.get(result.exit_code, "❔")
     main = _main_scenario(result)
     lines = [f"### {mark} lossless-check gate: `{title}` — {_headline(result)}", "", _context(result, doc), ""]
     notes = _notes(result)
     lines += [f"- {cell(note)}" for note in notes] + ([""] if notes else [])
     for c in result.subjects:
-        if c.verdict in FAILING:
+        if c.verdict in FAILING + ("inconclusive",):
             where = [check.split("@")[1] for check in c.failed_checks if check.startswith("output_law@")]
             facts = [f"failing position{'s' if len(where) > 1 else ''} {', '.join(where)}" if where else "",
                      f"provenance: {c.provenance['verdict']}" if c.provenance else ""]

@@ -33,7 +33,14 @@ class ModelsResult:
 
     @property
     def exit_code(self) -> int:
-        return 1 if any(r.verdict in ("not_lossless", "error") for r in self.rows) else 0
+        """As ``lossless-check run``'s: 1 a row failed; 5 no answer (a generator none of whose rows was checked,
+        or an ``inconclusive`` row); else 0."""
+        from lossless_check.core.exit_codes import exit_code_for
+
+        verdicts: dict[str, list[str]] = {}
+        for r in self.rows:
+            verdicts.setdefault(r.generator, []).append(r.verdict)
+        return exit_code_for(verdicts)
 
     def to_dict(self) -> dict:
         """The JSON report: the run report's keys (``cases``, ``alpha_family``...) plus the pair's settings."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from lossless_check.core.options import positive_int, probability
+from lossless_check.faces.on_release import add_release_option
 
 
 def add_models_command(sub) -> None:
@@ -32,6 +33,7 @@ def add_models_command(sub) -> None:
                         help="processes the sampling calls are spread over, each loading the pair (default 1; "
                              "the same seed gives the same report for any W)")
     models.add_argument("--json", metavar="PATH", help="write the report here")
+    add_release_option(models)
 
 
 def precheck_models(args) -> None:
@@ -92,12 +94,14 @@ def models_record(row, result, test: str, check: int, command: str) -> dict:
 
 
 def models_failure_message(result, command: str) -> str:
-    """Why a models check is not lossless: every row that is not, with what failed, then the command."""
+    """Why a models check is not a pass: every row that is not lossless (failing, inconclusive, not checked),
+    with what it found, then the command."""
     s = result.settings
-    lines = [f"the pair target {s['target']} / assistant {s['assistant']} is not lossless "
+    said = "is not lossless" if result.exit_code == 1 else "gave no answer (nothing failed, but not every row passed)"
+    lines = [f"the pair target {s['target']} / assistant {s['assistant']} {said} "
              f"(alpha {result.alpha:.3g}, seed {result.seed})"]
     for row in result.rows:
-        if row.verdict in ("not_lossless", "error"):
+        if row.verdict != "lossless":
             lines.append(f"  {row.verdict} {row.generator} [{row.warpers}]: {row.reason}")
     lines.append(f"reproduce: {command}")
     return "\n".join(lines)

@@ -90,6 +90,9 @@ def failure_message(result: CaseResult, command: str) -> str:
     where = f"under warpers [{result.warpers}] (scenario {result.scenario}"
     if result.verdict == "error":
         return f"{result.generator} could not be checked {where}): {result.reason}\nreproduce: {command}"
+    if result.verdict == "inconclusive":
+        return (f"{result.generator} is not shown lossless {where}, {result.samples} samples, alpha "
+                f"{result.alpha_case:.3g}): {result.reason}\nreproduce (with more samples): {command}")
     lines = [f"{result.generator} is not lossless {where}, {result.samples} samples, alpha {result.alpha_case:.3g})",
              f"  failed sub-checks: {', '.join(result.failed_checks)}"]
     lines += [f"  {_EXACT_CHECKS[c]}" for c in result.failed_checks if c in _EXACT_CHECKS]
@@ -234,13 +237,21 @@ class Lossless:
         The explanation names the failed sub-checks (``support``, ``output_law@j``, ``acceptance_law``),
         the TV at each failing position, the acceptance excess over theory, the warper stack, and the
         ``lossless-check run`` command that reproduces the check. A generator missing from the
-        installed transformers skips the test. A ``vacuous`` check (the warper stack leaves the target a
+        installed transformers skips the test (not applicable there); any other check that did not run
+        fails it, with why: no evidence is no pass. A ``vacuous`` check (the warper stack leaves the target a
         point mass wherever the check looked: it could not have failed on ``q``) fails too, with why,
-        unless ``allow_vacuous=True`` says the caller means it (its exact checks passed).
+        unless ``allow_vacuous=True`` says the caller means it (its exact checks passed); so does an
+        ``inconclusive`` one (nothing rejected, but too few samples to have seen a departure of the stated
+        size: the message says how many would).
         """
+        from lossless_check.core.compat import ABSENT
+
         result, command = self._run(generator, warpers, scenario, samples)
-        if result.verdict == "skipped":
+        if result.verdict == "skipped" and ABSENT in result.reason:
             pytest.skip(result.reason)
+        if result.verdict == "skipped":
+            pytest.fail(f"{result.generator} was not checked under warpers [{result.warpers}] (scenario "
+                        f"{result.scenario}): {result.reason}\nreproduce: {command}", pytrace=False)
         if result.verdict == "vacuous" and allow_vacuous:
             return result
         if result.verdict == "vacuous":
@@ -282,12 +293,15 @@ class Lossless:
                                samples: int | None = None, device: str = "cpu", workers: int = 1):
         """:meth:`check_models`, then fail the test unless every row is ``lossless``: the message names each
         failing generator and stack, which of the exact, statistical and greedy checks failed and by how
-        much, and the ``lossless-check models`` command that repeats the check. Every row skipped skips."""
+        much, and the ``lossless-check models`` command that repeats the check. Every row skipped because its
+        generator is not in the installed transformers skips; any other row that is no pass (``inconclusive``,
+        skipped for another reason) fails the test, with why."""
+        from lossless_check.core.compat import ABSENT
         from lossless_check.faces.models_command import models_failure_message, reproduce_models_command
 
         result = self.check_models(target, assistant, generators, warpers, prompts, max_new_tokens, samples,
                                    device, workers)
-        if result.rows and all(r.verdict == "skipped" for r in result.rows):
+        if result.rows and all(r.verdict == "skipped" and ABSENT in r.reason for r in result.rows):
             pytest.skip("; ".join(r.reason for r in result.rows))
         if result.exit_code:
             pytest.fail(models_failure_message(result, reproduce_models_command(result)), pytrace=False)

@@ -23,6 +23,7 @@ import zipfile
 from itertools import groupby
 from pathlib import Path
 
+from lossless_check.core.compat import ABSENT
 from lossless_check.core.errors import UsageError
 from lossless_check.history.release_env import child_environ, environment, last_line
 
@@ -30,8 +31,6 @@ from lossless_check.history.release_env import child_environ, environment, last_
 FIRST_SUPPORTED = "4.37.0"
 #: Digests of each release's ``transformers/generation`` sources, so a wheel is read once.
 DIGESTS = Path.home() / ".cache" / "lossless-check" / "generation-digests.json"
-#: A case reason that means the release lacks the class: its cell reads ``absent``.
-ABSENT = "is not in the installed transformers"
 
 
 def _version(release: str):

@@ -42,7 +42,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from lossless_check.core.compat import generator_processors, loop_eos, release_warpers
+from lossless_check.core.compat import ABSENT, generator_processors, loop_eos, release_warpers
 from lossless_check.core.errors import GeneratorFailure
 from lossless_check.evidence.analysis import position_tests, sequential_evidence, stop_sequentially, strata
 from lossless_check.evidence.attribution import attribute, watching_verifier, without
@@ -295,7 +295,7 @@ def skip_reason(case: Case) -> str | None:
         return (f"generate() builds its own candidate generator; {generator.display_name} is not a built-in "
                 f"generator or a subclass of one (generate mode drives those)")
     if generator.generator_class is None:
-        return f"{name} is not in the installed transformers"
+        return f"{name} {ABSENT}"
     scenario = case.scenario
     if isinstance(scenario, TinyLlamaScenario):
         if name not in (loop_models.ASSISTED, loop_models.PROMPT_LOOKUP):

@@ -25,7 +25,7 @@ import time
 import numpy as np
 import torch
 
-from lossless_check.core.compat import generator_processors, speculative_sampling
+from lossless_check.core.compat import ABSENT, generator_processors, speculative_sampling
 from lossless_check.core.errors import GeneratorFailure, NotApplicable, Timeout
 from lossless_check.evidence.analysis import position_tests, sequential_evidence, strata
 from lossless_check.evidence.results import POWER, Case, CaseResult, one_line
@@ -389,7 +389,7 @@ class StepCase:
 def skip_reason(case: Case) -> str | None:
     """Why a case cannot run on this install (``None`` if it can)."""
     if case.generator.generator_class is None:
-        return f"{case.generator.adapter.name} is not in the installed transformers"
+        return f"{case.generator.adapter.name} {ABSENT}"
     if case.scenario.drafter.kind not in case.generator.adapter.drafter_kinds:
         return f"a {case.scenario.drafter.kind} drafter table cannot drive {case.generator.adapter.name}"
     if getattr(case.scenario, "drafter_padding", 0) and not case.generator.adapter.padded_drafter:

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from lossless_check.core.compat import versions
+from lossless_check.core.exit_codes import FAILING
 from lossless_check.evidence.results import BLIND, RunResult
 
 
@@ -55,10 +56,8 @@ def write_json(result: RunResult, path: str | Path) -> None:
     write_atomically(path, json.dumps(to_json(result), indent=2, sort_keys=False) + "\n")
 
 
-VERDICT_STYLE = {"lossless": "green", "not_lossless": "bold red", "vacuous": "magenta", "error": "yellow",
-                 "skipped": "dim", "unfinished": "yellow"}
-#: Verdicts that make a run fail, listed in full after the summary.
-FAILING = ("not_lossless", "error")
+VERDICT_STYLE = {"lossless": "green", "not_lossless": "bold red", "inconclusive": "dark_orange", "vacuous": "magenta",
+                 "error": "yellow", "skipped": "dim", "unfinished": "yellow"}
 #: ``--table auto`` prints the per-case table up to this many cases (a matrix run gets the summary).
 AUTO_TABLE_CASES = 40
 
@@ -102,6 +101,17 @@ def blind_line(result: RunResult) -> str | None:
         return None
     ran = sum(bool(c.provenance) for c in result.subjects)
     return f"{len(blind)} of {ran} cases with an exact pass: {BLIND}"
+
+
+def no_answer_lines(result: RunResult) -> list[str]:
+    """Lines saying why a run gives no answer (exit 5): each subject none of whose cases was checked, with
+    why, and the count of ``inconclusive`` cases (each is listed with its reason)."""
+    lines = [f"not checked: {name}: {why}" for name, why in result.unchecked().items()]
+    inconclusive = sum(c.verdict == "inconclusive" for c in result.subjects)
+    if inconclusive:
+        lines.append(f"{inconclusive} inconclusive case{'s' if inconclusive > 1 else ''}: nothing rejected, but "
+                     f"too little power to call it a pass (each says what it could detect and what would)")
+    return lines
 
 
 def console_for(rows: list[list[str]] | None = None):
@@ -169,11 +179,11 @@ def print_summary(result: RunResult, console, scenarios: bool) -> None:
         first = f"; first failing: [{failing.warpers}] {failing.mode}" if failing else ""
         console.print(f"{generator}: {counts}{first}", highlight=False, markup=False)
     for c in result.subjects:
-        if c.verdict in FAILING:
+        if c.verdict in FAILING + ("inconclusive",):
             where = f" {c.scenario}" if scenarios else ""
             console.print(f"[{VERDICT_STYLE[c.verdict]}]{c.verdict}[/] ", end="", highlight=False)
             console.print(f"{c.generator} [{c.warpers}]{where} {c.mode}: {c.reason}", highlight=False, markup=False)
-    for line in [blind_line(result)] + [beside_line(c) for c in result.beside]:
+    for line in no_answer_lines(result) + [blind_line(result)] + [beside_line(c) for c in result.beside]:
         if line:
             console.print(line, highlight=False, markup=False)
     counts = result.counts()
