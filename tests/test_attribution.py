@@ -97,7 +97,7 @@ def test_a_generator_with_a_wrong_q_stays_not_lossless_with_cause_generator():
 
 def _assisted_generate_top_k3():
     cases = cases_for(["AssistedCandidateGenerator"], "top_k=3", None, "generate", "markov8", max_new_tokens=3)
-    return run_cases(cases, 200, 1e-6, 0).cases[0]
+    return run_cases(cases, 300, 1e-6, 0).cases[0]  # 300 calls: power 0.99 at TV 0.29 (a lossless claim)
 
 
 def test_generate_mode_attributes_forced_r_0_to_the_verifier(r_zero_at_impossible_drafts):
@@ -106,7 +106,7 @@ def test_generate_mode_attributes_forced_r_0_to_the_verifier(r_zero_at_impossibl
     result = _assisted_generate_top_k3()
     assert len(r_zero_at_impossible_drafts) == FORCED
     assert result.verdict == "lossless", result.reason
-    assert result.verifier_set_aside == SET_ASIDE and result.samples == 200 - SET_ASIDE
+    assert result.verifier_set_aside == SET_ASIDE and result.samples == 300 - SET_ASIDE
     assert {e["cause"] for e in result.exact_failures} == ({"verifier"} if ACCEPTS_AT_R_0 else set())
 
 

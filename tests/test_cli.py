@@ -159,7 +159,7 @@ def test_bad_usage_is_reported_before_torch_is_imported():
 @needs(DFLASH)
 def test_gate_prints_the_verdict_table_and_where_the_reports_are(tmp_path, capsys):
     out = tmp_path / "gate"
-    code = main(["gate", "--generator", "DFlashTokenCandidateGenerator", "--matrix", "smoke", "--samples", "300",
+    code = main(["gate", "--generator", "DFlashTokenCandidateGenerator", "--matrix", "smoke", "--samples", "600",
                  "--scenario", "iid8", "--out", str(out) + "/", "--quiet", "--no-verifier"])
     assert code == 0
     printed = capsys.readouterr().out

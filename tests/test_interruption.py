@@ -21,9 +21,9 @@ from lossless_check.outputs.report import without_timings as cases_without_timin
 
 ROOT = Path(__file__).resolve().parents[1]
 HANGS = "fixtures.mutants.hangs_when_told:DFlashHangsWhenTold"
-#: Two quick cases, then one that hangs while LOSSLESS_TEST_HANG is set.
+#: Two quick cases, then one that hangs while LOSSLESS_TEST_HANG is set (600 trials: a pass with power 0.99 at TV 0.3).
 ARGS = ["run", "--generator", "DFlashTokenCandidateGenerator", "--generator", HANGS, "--warpers", "top_k=3",
-        "--warpers", "temperature=0.6", "--scenario", "iid8", "--samples", "400", "--quiet", "--table", "full",
+        "--warpers", "temperature=0.6", "--scenario", "iid8", "--samples", "600", "--quiet", "--table", "full",
         "--no-verifier"]
 #: What differs between two runs of the same cases besides the results: the time they took.
 TIMINGS = TIMING_FIELDS
@@ -100,7 +100,7 @@ def test_sigterm_keeps_the_finished_cases_and_resume_gives_the_uninterrupted_rep
 def test_resume_refuses_another_runs_journal(tmp_path):
     report = tmp_path / "r.json"
     args = ["run", "--generator", "DFlashTokenCandidateGenerator", "--warpers", "top_k=3", "--scenario", "iid8",
-            "--samples", "300", "--quiet", "--no-verifier", "--json", str(report)]
+            "--samples", "600", "--quiet", "--no-verifier", "--json", str(report)]
     assert finish(lossless_check(*args))[0] == 0
     code, output = finish(lossless_check(*args, "--seed", "1", "--resume"))
     assert code == 2 and "another run's" in output, output

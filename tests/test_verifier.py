@@ -115,7 +115,7 @@ def test_a_run_adds_the_verifier_as_an_exact_row_beside_named_generators(tmp_pat
     every release (not lossless where it drafts greedily)."""
     out = tmp_path / "run.json"
     args = ["run", "--generator", "fixtures.factories:assisted", "--warpers", "top_k=3", "--scenario", "iid8",
-            "--samples", "300", "--json", str(out), "--quiet"]
+            "--samples", "600", "--json", str(out), "--quiet"]  # 600: a pass with power 0.99 at TV 0.3
     code = main(args)
     greedy = within(ASSISTED_DRAFTS_GREEDILY)
     assert code == (1 if greedy else 0)
@@ -166,7 +166,8 @@ def test_lc_run_has_the_row_and_can_leave_it_out_and_check_never_runs_it():
     kwargs = dict(warpers="top_k=3", scenario="iid8", samples=100)
     run = lc.run("fixtures.factories:assisted", **kwargs)
     assert [c.mode for c in run.cases] == ["step", "verifier"] and [c.subject for c in run.cases] == [True, False]
-    assert run.exit_code == (1 if within(ASSISTED_DRAFTS_GREEDILY) else 0)  # the generator's, not the verifier's
+    # The exit code is the generator's, not the verifier's: 100 trials are too few for a pass (inconclusive, exit 5).
+    assert run.exit_code == (1 if within(ASSISTED_DRAFTS_GREEDILY) else 5)
     gated = lc.run("fixtures.factories:assisted", verifier_gates=True, **kwargs)
     assert gated.cases[1].subject and gated.exit_code == (1 if ACCEPTS_AT_R_0 else run.exit_code)
     assert [c.mode for c in lc.run("fixtures.factories:assisted", verifier=False, **kwargs).cases] == ["step"]

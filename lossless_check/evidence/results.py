@@ -367,7 +367,8 @@ def decide(results: list[CaseResult], alpha_family: float,
             r.failed_checks = []
             r.max_detectable_tv = max_detectable_tv
             where = r.detectable
-            if not r.vacuous and (where is None or where[1] > max_detectable_tv):
+            # informative_positions None: no law test (a greedy reference, a point mass: every departure is exact).
+            if r.informative_positions is not None and not r.vacuous and (where is None or where[1] > max_detectable_tv):
                 r.verdict = "inconclusive"
     for r in ran:
         if r.vacuous:

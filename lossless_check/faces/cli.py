@@ -74,7 +74,7 @@ def _common(parser: argparse.ArgumentParser, samples_help: str) -> None:
     parser.add_argument("--max-detectable-tv", type=probability, default=None, metavar="TV",
                         help="a case that rejects nothing reads lossless only if it would have detected a departure of "
                              "this total variation (power 0.99, at an informative position); else it is "
-                             "inconclusive and the run exits 5 (default 0.3)")
+                             "inconclusive and the run exits 5 (default: --detect-tv where given, else 0.3)")
     parser.add_argument("--verifier-gates", action="store_true",
                         help="let the installed verifier's row decide the exit code too; by default it does only "
                              "in a run without --generator (the whole install), and with named generators it is "
@@ -232,8 +232,10 @@ def _run(args) -> int:
 
 
 def _bar(args) -> dict:
-    """``max_detectable_tv`` when ``--max-detectable-tv`` was given (else the library's default applies)."""
-    return {} if args.max_detectable_tv is None else {"max_detectable_tv": args.max_detectable_tv}
+    """``max_detectable_tv``: ``--max-detectable-tv``, else ``--detect-tv`` (the size the run was made to
+    detect is the size its passes claim), else the library's default."""
+    bar = args.max_detectable_tv if args.max_detectable_tv is not None else getattr(args, "detect_tv", None)
+    return {} if bar is None else {"max_detectable_tv": bar}
 
 
 def _interrupted(partial, json_path, table: str) -> int:
