@@ -209,8 +209,9 @@ def test_a_bug_at_the_stated_position_2_figure_of_a_batch_1_case_is_caught_and_a
     from lossless_check.evidence.results import Case
 
     scenario = position_2_scenario()
+    # The figure itself is under test (about 0.30), not the bar a pass needs: the bar is set above it.
     clean = run_cases([Case(resolve_generator("AssistedCandidateGenerator"), {}, "step", scenario)],
-                      POSITION_2_SAMPLES, 1e-6, 0, batch_size=1).cases[0]
+                      POSITION_2_SAMPLES, 1e-6, 0, batch_size=1, max_detectable_tv=0.35).cases[0]
     second = clean.positions[1]
     assert clean.verdict == "lossless" and second["samples"] == POSITION_2_SAMPLES and second["strata"] == 1, second
     stated = second["tv_detectable"]  # measured: 0.304

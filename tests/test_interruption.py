@@ -224,7 +224,7 @@ def test_a_kept_chunk_is_read_back_only_under_the_facts_it_was_collected_under(t
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_a_gate_with_generate_mode_cases_killed_midway_resumes_to_the_uninterrupted_report(tmp_path, how):
     args = ["gate", "--generator", "AssistedCandidateGenerator", "--matrix", "smoke", "--scenario", "iid8",
-            "--samples", "2000", "--generate-samples", "300", "--workers", "2", "--quiet", "--no-verifier"]
+            "--samples", "2000", "--generate-samples", "400", "--workers", "2", "--quiet", "--no-verifier"]
     out = tmp_path / "gate"
     running = lossless_check(*args, "--out", str(out), start_new_session=True)
     deadline = time.monotonic() + 300

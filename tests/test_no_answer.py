@@ -95,3 +95,21 @@ def test_transformers_option_of_the_installed_release_runs_here():
     assert run_on_release(transformers.__version__, ["run"]) is None
     assert without_release_option(["run", "--transformers", "5.1.0", "--seed=3", "--transformers=4.50.0"]) == \
         ["run", "--seed=3"]
+
+
+# heavy (.ci/run's first step): builds one release environment on first use (about a minute).
+@pytest.mark.heavy
+def test_transformers_option_gates_on_the_release_asked_for(tmp_path):
+    """MTP of 5.15.0 returns raw logits while it samples processed ones (a finding; fixed in 5.15.1): run
+    with ``--transformers 5.15.0`` from here, it is convicted there, and the report is that release's."""
+    import json
+
+    report = tmp_path / "r.json"
+    done = subprocess.run([sys.executable, "-m", "lossless_check", "run", "--transformers", "5.15.0", "--generator",
+                           "MTPCandidateGenerator", "--warpers", "top_k=3", "--scenario", "iid8", "--samples", "2000",
+                           "--no-verifier", "--quiet", "--json", str(report)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == EXIT_NOT_LOSSLESS, done.stdout[-2000:] + done.stderr[-2000:]
+    doc = json.loads(report.read_text())
+    assert doc["transformers_version"] == "5.15.0" and doc["cases"][0]["verdict"] == "not_lossless"
+    assert "running in the environment of transformers 5.15.0" in done.stderr
