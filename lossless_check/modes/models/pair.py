@@ -3,30 +3,62 @@
 Three checks, in the real ``generate()`` of the installed release (``do_sample=True`` unless said):
 
 1. **Exact** (:mod:`.drafting`): every drafting round's returned q against the law its drafts were
-   drawn from. No statistics; applies to generators that return candidate logits.
-2. **Statistical**: every emitted token ``x_t`` against the target's processed law ``p_t`` at its own
-   prefix: one forward pass of the target over the output (no cache), processed by the very
-   ``LogitsProcessorList`` ``generate()`` builds for the stack (:func:`~lossless_check.laws.warpers.capture_processors`).
-   The test is :class:`~lossless_check.stats.betting.BettingState` (anytime-valid, aimed at q, the
-   drafter's processed law at the same prefix from one forward pass of the assistant). The calls stop at
-   its first rejection. Its power on the laws met is measured (:class:`~lossless_check.stats.betting.PowerSimulation`).
-   A position whose ``top_k`` boundary lies within float rounding (:data:`BOUNDARY_TOLERANCE`) is not bet on:
-   ``generate()``'s own forward pass may have drawn that boundary on the other side of a near-tie.
+   drawn from. No statistics; applies to generators that return candidate logits and draw with torch's
+   sampling primitives (a draw it cannot trace, e.g. Gumbel-max, is a *gap*).
+2. **Statistical**: every emitted token ``x_t`` against ``p_t``, the law the verifier itself used at that
+   position, by the test-by-betting e-process of :mod:`lossless_check.stats.betting` (anytime-valid; the
+   calls stop at its first rejection). Its power is measured on the laws met
+   (:class:`~lossless_check.stats.betting.PowerSimulation`).
 3. **Greedy**: ``do_sample=False`` speculative decoding returns plain greedy decoding's tokens.
+
+**The null is what the call computed.** The sampling call runs with ``return_dict_in_generate=True,
+output_scores=True``. In ``_assisted_decoding`` the scores are the rows of ``new_logits``, the target's
+logits after every processor (and, before 4.45, after the separate warpers too, applied in place on
+``new_logits``), which ``_speculative_sampling`` (or, for a generator returning no q, the loop's own
+``new_logits.softmax``) turns into ``p``; one row per emitted token (``n_matches + 1`` a round, counted
+after the EOS and length crops). Read in 4.37.0, 4.38.2, 4.39.3, 4.40.0, 4.41.2, 4.42.0, 4.43.4, 4.44.0,
+4.45.0, 4.46.3, 4.47.0, 4.48.3, 4.49.0, 4.50.0 to 4.57.6 and 5.0.0 to 5.25.0 (every second minor): the same in
+all, so no release needs the law recomputed (a call whose scores do not number its emitted tokens is an
+error). ``p_t`` is the softmax of the score row in its own dtype, as the verifier computes it, then float64:
+its support is exactly the verifier's, under every truncating warper (``top_k``, ``top_p``, ``min_p``,
+``typical_p``, epsilon, eta) and every float rounding of the cached passes. ``q_t`` (the drafter's processed
+law at the prefix, from one uncached pass of the assistant, processed by the very ``LogitsProcessorList``
+``generate()`` builds: :func:`~lossless_check.laws.warpers.capture_processors`) only aims the bets.
+
+**Why a lossless decoder satisfies the null** (:mod:`lossless_check.stats.betting`: each emitted token
+follows ``p_t`` given all the test has seen). Fix a round and a position ``j`` in it: the state before the
+round, the drafts ``d_1..d_j`` so far all accepted (each emitted), the verifier's row ``p_j``. If the round
+stops drafting there (``L = j``), the token is the bonus, drawn from ``p_j``. Otherwise ``d_{j+1}`` is drawn
+from the returned ``q_j`` (the drafter's contract), accepted with probability ``min(1, p_j / q_j)``, else
+the token is drawn from ``norm(max(p_j - q_j, 0))``: the emitted token follows ``q_j min(1, p_j/q_j) +
+(1 - sum q_j min(1, p_j/q_j)) norm(max(p_j - q_j, 0)) = p_j`` (Leviathan et al., Algorithm 1). This needs
+``p_j`` fixed before ``d_{j+1}`` is drawn: a function of the history and ``d_1..d_j``, not of later drafts.
+In exact arithmetic the causal mask guarantees it; in floating point a row's last bits may depend on how
+many positions its forward pass holds (which an adaptive drafter can choose from its drafts): that, and
+torch's generator being an ideal random source, are what "at most alpha" assumes beyond the algorithm. The
+harness's ``q_t``, ``r_t`` and ``V_t`` are functions of the prefix and of an independent stream, so
+conditioning on them changes nothing. That the verifier's row is the target's law at the prefix (up to the
+float rounding of a cached pass, which is not plain sampling's: measured up to 1.4e-4 in ``log p``) is the
+verifier's own check (``lossless-check verifier``), not this test's null.
+
+**No pass without power.** A row whose exact check could not see its drafts (a gap, or no q returned, as
+prompt lookup) is ``lossless`` only when the statistical check would have caught a departure of per-position
+TV :data:`MAX_DETECTABLE_TV` with probability :data:`~lossless_check.stats.betting.TARGET_POWER` in every
+simulated direction; else it is ``inconclusive``, with what it could detect and about how many tokens more
+it would take.
 
 Figures: per emitted position, ``TV(p_t, q_t)`` (how far drafter and target disagree) and the TV to
 ``p_t`` of the law a round's *first* emitted token would follow if the verifier were handed the
 drafter's raw logits while drafts follow its processed law (the seed bug class):
 ``r = qs min(1, p/qc) + (1 - sum qs min(1, p/qc)) norm(max(0, p - qc))``, ``qs`` the processed and
 ``qc = softmax(raw)`` the returned law. The correct algorithm (``qc = qs``) gives ``r = p`` exactly.
-The test also bets on ``r`` itself (:mod:`~lossless_check.stats.betting`): the bug class the project
-started from, aimed at directly; computed from the laws at the prefix, so validity is untouched.
+The test also bets on ``r`` itself (toward-q family): computed from the laws at the prefix, so validity is
+untouched.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -36,12 +68,19 @@ import torch
 
 from lossless_check.core.compat import release_warpers
 from lossless_check.core.errors import PlainSamplingFails
-from lossless_check.laws.expected import processed
-from lossless_check.modes.loop_models import ASSISTED, DIFFERENT_TOKENIZERS, PROMPT_LOOKUP, driving, installed_class
 from lossless_check.evidence.results import one_line
-from lossless_check.stats.betting import COMPONENTS, BettingState, PowerSimulation, log_factors
+from lossless_check.laws.expected import processed
 from lossless_check.laws.warpers import capture_processors, format_warpers
+from lossless_check.modes.loop_models import ASSISTED, DIFFERENT_TOKENIZERS, PROMPT_LOOKUP, driving, installed_class
 from lossless_check.modes.models.drafting import DraftingRecord, intercepting
+from lossless_check.stats.betting import (
+    DIRECTIONS,
+    TARGET_POWER,
+    BettingState,
+    PowerCall,
+    PowerSimulation,
+    observe_token,
+)
 
 #: Families a model pair drives: the assistant model itself, and prompt lookup (no drafter model).
 FAMILIES = (ASSISTED, PROMPT_LOOKUP)
@@ -64,7 +103,7 @@ class PairRow:
 
     generator: str
     warpers: str
-    verdict: str = "lossless"  # lossless | not_lossless | error | skipped
+    verdict: str = "lossless"  # lossless | not_lossless | inconclusive | error | skipped
     reason: str = ""
     exact: dict = field(default_factory=dict)
     statistical: dict = field(default_factory=dict)
@@ -78,58 +117,34 @@ class PairRow:
                 "statistical": self.statistical, "greedy": self.greedy, "seconds": self.seconds}
 
 
-#: How close (times ``max(1, |logit|)``) the k-th and (k+1)-th largest logits may be before a ``top_k``
-#: boundary is ambiguous: ``generate()`` computes the target's logits with its cache, several tokens per
-#: pass, the harness in one pass without cache, and float rounding can swap two near-tied tokens, putting a
-#: token in one support and not the other (a false exact failure). Measured on the tests' pair (float32,
-#: V = 49,152, top_k=50): the two passes differ by at most 9e-5 at |logit| about 9 (1e-5 relative), and
-#: 0.8% of positions have a boundary gap under 1e-4. The float32 tolerance is 10x that (1e-4 relative:
-#: about 5% of that pair's positions are left out; 1e-3 left out 41%); about 10 units in the last place for
-#: half precision.
-BOUNDARY_TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 6e-2}
+#: The largest per-position total variation a row whose drafts the exact check could not see must be able to
+#: detect (at power :data:`~lossless_check.stats.betting.TARGET_POWER`, in every simulated direction) to be
+#: ``lossless``: the value of ``lossless_check.evidence.results.DEFAULT_MAX_DETECTABLE_TV``, the project's
+#: stated size, which this mirrors.
+MAX_DETECTABLE_TV = 0.3
 
 
-def top_k_ambiguous(row: torch.Tensor, k: int, relative: float) -> bool:
-    """Whether the ``k``-th and ``(k+1)``-th largest of ``row`` lie within ``relative * max(1, |k-th|)``."""
-    if k >= row.numel():
-        return False
-    values = torch.topk(row, k + 1).values
-    kth, after = float(values[k - 1]), float(values[k])
-    return math.isfinite(after) and kth - after <= relative * max(1.0, abs(kth))
+def _drafter_laws(model, processors, full: torch.Tensor, prompt_length: int) -> tuple[list, list]:
+    """``model``'s processed and raw next-token laws after every prefix of the output (one uncached pass):
+    they aim the bets only."""
+    n = full.shape[1] - prompt_length
+    with torch.no_grad():
+        logits = model(full, use_cache=False).logits[0, prompt_length - 1:prompt_length - 1 + n].float()
+    laws, raw = [], []
+    for t in range(n):
+        row = logits[t:t + 1]
+        raw.append(torch.softmax(row[0].double(), dim=-1).cpu().numpy())
+        if len(processors) > 0:
+            row = processed(processors, full[:, :prompt_length + t], row.clone())
+        laws.append(torch.softmax(row[0].double(), dim=-1).cpu().numpy())
+    return laws, raw
 
 
-class _Laws:
-    """Processed next-token laws of a model after every prefix of one output (one forward pass)."""
-
-    def __init__(self, model, processors):
-        from transformers import LogitsProcessorList, TopKLogitsWarper
-
-        self.model, self.processors = model, processors
-        # The processors before top_k give the row its boundary is drawn on.
-        at = next((i for i, p in enumerate(processors) if isinstance(p, TopKLogitsWarper)), None)
-        self.top_k = None if at is None else (LogitsProcessorList(processors[:at]), processors[at].top_k)
-        self.tolerance = BOUNDARY_TOLERANCE.get(model.dtype, BOUNDARY_TOLERANCE[torch.float32])
-
-    @torch.no_grad()
-    def __call__(self, full: torch.Tensor, prompt_length: int) -> tuple[list[np.ndarray], list[np.ndarray], list[bool]]:
-        """The processed laws, the raw ones (softmax of the logits), and whether the top_k boundary is
-        ambiguous (:func:`top_k_ambiguous`), one per emitted position."""
-        n = full.shape[1] - prompt_length
-        logits = self.model(full, use_cache=False).logits[0, prompt_length - 1:prompt_length - 1 + n].float()
-        laws, raw, ambiguous = [], [], []
-        for t in range(n):
-            row, history = logits[t:t + 1], full[:, :prompt_length + t]
-            raw.append(torch.softmax(row[0].double(), dim=-1).cpu().numpy())
-            if self.top_k is not None:
-                before, k = self.top_k
-                boundary_row = processed(before, history, row.clone()) if len(before) else row
-                ambiguous.append(top_k_ambiguous(boundary_row[0], k, self.tolerance))
-            else:
-                ambiguous.append(False)
-            if len(self.processors) > 0:
-                row = processed(self.processors, history, row.clone())
-            laws.append(torch.softmax(row[0].double(), dim=-1).cpu().numpy())
-        return laws, raw, ambiguous
+def verifier_laws(scores) -> np.ndarray:
+    """The verifier's law at every emitted position from ``generate()``'s scores: the softmax in the scores'
+    own dtype (as ``_speculative_sampling`` computes ``p``), then float64 ``(tokens, vocabulary)``."""
+    rows = torch.stack([s[0] for s in scores])
+    return torch.softmax(rows, dim=-1).double().cpu().numpy()
 
 
 def raw_logits_law(p: np.ndarray, q_sampled: np.ndarray, q_claimed: np.ndarray) -> np.ndarray:
@@ -174,17 +189,17 @@ class RowSettings:
 
 @dataclass
 class CallObservation:
-    """What one sampling call gave: per emitted token its bet's log factors (``None``: outside the
-    target's support) and its power-simulation step, its TV figures, and the call's drafting record."""
+    """What one sampling call gave: per emitted token its bets' observation (``None``: outside the
+    verifier's support), the call's power-simulation replicates, its TV figures, and its drafting record."""
 
     record: DraftingRecord
-    factors: list = field(default_factory=list)
-    power_steps: list = field(default_factory=list)
+    observations: list = field(default_factory=list)
+    power: PowerCall = field(default_factory=PowerCall)
     tv_pq: list = field(default_factory=list)
     bug_tv: list = field(default_factory=list)
-    ambiguous: int = 0  # tokens at a top_k boundary float rounding may move (not bet on)
-    error: str = ""  # generate() raised
-    skipped: str = ""  # plain sampling itself fails under the stack
+    drafter_law: bool = True  # False: no drafter law in the target's vocabulary aimed the bets (q = p)
+    error: str = ""  # generate() raised, or its scores do not match its tokens
+    skipped: str = ""  # the stack's processors fail on the drafter's pass
 
 
 #: ``(settings, prompt length) -> processors``, per process: capture_processors builds a model from the config.
@@ -193,18 +208,19 @@ _PROCESSORS: dict = {}
 
 def observe_call(settings: RowSettings, call: int) -> CallObservation:
     """Sampling call ``call`` of a row: a function of ``settings`` and ``call`` alone (its torch seed is
-    ``seed * 1_000_003 + call``, its power stream ``default_rng([seed, 7, call])``), so it gives the same
-    data in an engine worker as here."""
+    ``seed * 1_000_003 + call``, its PIT uniforms ``default_rng([seed, 11, call])``, its power stream
+    ``default_rng([seed, 7, call])``), so it gives the same data in an engine worker as here."""
     from transformers import GenerationConfig
 
-    from lossless_check.subjects.adapters import resolve_generator
     from lossless_check.modes.models.loading import load_pair
+    from lossless_check.subjects.adapters import resolve_generator
 
     target, assistant = load_pair(settings.target, settings.assistant, settings.device)
     resolved = resolve_generator(settings.generator)
     family, stack = resolved.adapter.name, dict(settings.stack)
     device = next(target.parameters()).device
-    config = GenerationConfig(do_sample=True, max_new_tokens=settings.max_new_tokens, **release_warpers(stack))
+    config = GenerationConfig(do_sample=True, max_new_tokens=settings.max_new_tokens, return_dict_in_generate=True,
+                              output_scores=True, **release_warpers(stack))
     if family == PROMPT_LOOKUP:
         config.prompt_lookup_num_tokens = PROMPT_LOOKUP_TOKENS
     routed, kwargs = _routing(family, target, assistant, resolved.generator_class)
@@ -219,34 +235,35 @@ def observe_call(settings: RowSettings, call: int) -> CallObservation:
         ids = torch.tensor([prompt], dtype=torch.long, device=device)
         try:
             with torch.no_grad():
-                full = watched.generate(ids, generation_config=config, **kwargs)
+                output = watched.generate(ids, generation_config=config, **kwargs)
         except Exception as exc:  # noqa: BLE001 - the generator under test (or the loop) failed
             observed.error = f"generate() raised {one_line(exc)}"
             return observed
+        full = output.sequences
+        emitted = full[0, len(prompt):].tolist()
+        if len(output.scores) != len(emitted):
+            observed.error = (f"generate() returned {len(output.scores)} score rows for {len(emitted)} emitted tokens: "
+                              f"the verifier's law cannot be aligned with the tokens")
+            return observed
+        p_laws = verifier_laws(output.scores)
         try:
             if key not in _PROCESSORS:
                 probe = torch.zeros((1, len(prompt)), dtype=torch.long)
                 _PROCESSORS[key] = capture_processors(target, probe, stack, settings.max_new_tokens)[0]
-            p_laws, p_raw, ambiguous = _Laws(target, _PROCESSORS[key])(full, len(prompt))
             if assistant.get_output_embeddings().weight.shape[0] == target.get_output_embeddings().weight.shape[0]:
-                q_laws, q_raw, _ = _Laws(assistant, _PROCESSORS[key])(full, len(prompt))
-            else:  # prompt lookup beside an assistant of another vocabulary: aim at the target's unwarped law
-                q_laws, q_raw = p_raw, p_raw
+                q_laws, q_raw = _drafter_laws(assistant, _PROCESSORS[key], full, len(prompt))
+            else:  # prompt lookup beside an assistant of another vocabulary: nothing aims toward a q
+                q_laws = q_raw = list(p_laws)
+                observed.drafter_law = False
         except PlainSamplingFails as exc:  # the installed processors themselves fail on a history
             observed.skipped = str(exc)
             return observed
+    uniforms = np.random.default_rng([settings.seed, 11, call]).random(len(emitted))
     rng = np.random.default_rng([settings.seed, 7, call])
-    for x, p, q, qc, unsure in zip(full[0, len(prompt):].tolist(), p_laws, q_laws, q_raw, ambiguous):
+    for x, p, q, qc, v in zip(emitted, p_laws, q_laws, q_raw, uniforms):
         aimed = raw_logits_law(p, q, qc)
-        step = PowerSimulation.step(p, q, aimed, rng)
-        if unsure:
-            # Decided from the prefix alone, before the token: a factor of 1 keeps the e-process's mean 1.
-            observed.ambiguous += 1
-            observed.factors.append(np.zeros(COMPONENTS))
-            observed.power_steps.append((np.zeros_like(step[0]), step[1]))
-        else:
-            observed.factors.append(log_factors(p, q, np.array([x]), aimed)[0] if p[x] > 0.0 else None)
-            observed.power_steps.append(step)
+        observed.power.add(p, q, aimed, rng)
+        observed.observations.append(observe_token(p, q, aimed, x, v))
         observed.bug_tv.append(0.5 * float(np.abs(aimed - p).sum()))
         observed.tv_pq.append(0.5 * float(np.abs(p - q).sum()))
     return observed
@@ -268,7 +285,7 @@ def check_row(engine, settings: RowSettings, resolved, samples: int, alpha: floa
         return row
     if resolved.adapter.name in TWO_TOKENIZERS:
         row.greedy = _greedy_row(settings, resolved)
-        _decide(row, DraftingRecord(), BettingState.start())
+        _decide(row, DraftingRecord(), BettingState.start(), None)
         row.seconds = time.perf_counter() - started
         return row
     record = DraftingRecord()
@@ -277,7 +294,7 @@ def check_row(engine, settings: RowSettings, resolved, samples: int, alpha: floa
     bug_tv: list[float] = []
     tv_pq: list[float] = []
     wave = 1 if engine.workers <= 1 else 2 * engine.workers
-    calls, ambiguous, stopped = 0, 0, False
+    calls, stopped, drafter_law = 0, False, True
     while calls < samples and not stopped:
         batch = range(calls, min(samples, calls + wave))
         for observed in engine.map(observe_call, [(settings, i) for i in batch]):
@@ -289,28 +306,39 @@ def check_row(engine, settings: RowSettings, resolved, samples: int, alpha: floa
             if observed.skipped:
                 row.verdict, row.reason = "skipped", observed.skipped
                 return row
-            for factors, step in zip(observed.factors, observed.power_steps):
-                bet.add(factors, alpha)
-                power.add(*step)
-            ambiguous += observed.ambiguous
+            for observation in observed.observations:
+                bet.add(observation, alpha)
+                if bet.rejected_at is not None or bet.support_violations:
+                    stopped = True
+                    break
+            power.add(observed.power)
+            drafter_law &= observed.drafter_law
             bug_tv += observed.bug_tv
             tv_pq += observed.tv_pq
-            if bet.rejected_at is not None or bet.support_violations:
-                stopped = True
+            if stopped:
                 break
+    directions = stated_directions(drafter_law)
     row.exact = record.to_dict()
     row.statistical = {
-        "test": "betting e-process toward q (anytime-valid, Ville)", "alpha": alpha, "tokens": bet.tokens,
-        "calls": calls, "log_evalue": bet.log_evalue, "max_log_evalue": bet.max_log_evalue,
+        "test": "betting e-process toward q, sharper, flatter and on PIT values (anytime-valid, Ville)",
+        "null": "the verifier's law: generate()'s scores (return_dict_in_generate, output_scores)",
+        "alpha": alpha, "tokens": bet.tokens, "calls": calls, "log_evalue": bet.log_evalue,
+        "family_log_evalues": bet.family_log_evalues(), "max_log_evalue": bet.max_log_evalue,
         "rejected_at_token": bet.rejected_at, "support_violations": bet.support_violations,
-        "ambiguous_top_k_boundary": ambiguous,
         "tv_target_drafter": _quantiles(tv_pq), "tv_raw_logits_bug_first_position": _quantiles(bug_tv),
-        "power": power.summary(),
+        "power": {**power.summary(), "directions": list(directions),
+                  "detectable_tv": power.detectable_tv(directions),
+                  "tokens_needed_at_max_detectable_tv": power.tokens_needed(MAX_DETECTABLE_TV, directions)},
     }
     row.greedy = _greedy_row(settings, resolved)
-    _decide(row, record, bet)
+    _decide(row, record, bet, power)
     row.seconds = time.perf_counter() - started
     return row
+
+
+def stated_directions(drafter_law: bool) -> tuple[str, ...]:
+    """The simulated directions a row's power is stated for (toward q only where a drafter law aimed it)."""
+    return tuple(d for d in DIRECTIONS if drafter_law or d != "toward_q")
 
 
 def _greedy_row(settings: RowSettings, resolved) -> dict:
@@ -354,35 +382,50 @@ def greedy_equivalence(target, kwargs: dict, stack: dict, prompts: list[list[int
             "first_difference": differences[0] if differences else None}
 
 
-def _decide(row: PairRow, record: DraftingRecord, bet: BettingState) -> None:
+def _decide(row: PairRow, record: DraftingRecord, bet: BettingState, power: PowerSimulation | None) -> None:
     failures = []
     if record.verdict == "inconsistent":
         failures.append(f"exact: {record.reason()}")
     if bet.support_violations:
         failures.append(f"statistical: {bet.support_violations} emitted token(s) have probability 0 under the "
-                        f"target's processed law")
+                        f"verifier's law")
     if bet.rejected_at is not None:
         failures.append(f"statistical: the e-value reached 1/alpha after {bet.rejected_at} tokens")
     if row.greedy.get("differ"):
         failures.append(f"greedy: {row.greedy['differ']} of {row.greedy['comparisons']} outputs differ from plain "
                         f"greedy decoding")
-    if not row.statistical:  # a greedy-only generator
+    if power is None:  # a greedy-only generator
         if failures:
             row.verdict, row.reason = "not_lossless", "; ".join(failures)
         else:
             row.reason = (f"greedy only (generate() builds it under do_sample=False): identical in "
                           f"{row.greedy['comparisons']} comparisons")
         return
-    power = next(r for r in row.statistical["power"]
-                 if r["contamination"] == 0.25 and r["fraction_of_positions"] == 1.0)
-    unsure = row.statistical["ambiguous_top_k_boundary"]
-    unsure = f", {unsure} at a top_k boundary within float rounding not bet on" if unsure else ""
-    statistical = (f"statistical: no rejection in {bet.tokens} tokens{unsure} (log E {bet.log_evalue:.3g}; a departure "
-                   f"toward q of per-position TV {power['median_tv_at_hit_positions']:.3g} would be caught with "
-                   f"probability "
-                   f"{power['power']:.2f})") if bet.rejected_at is None and not bet.support_violations else ""
     if failures:
-        row.verdict, row.reason = "not_lossless", "; ".join(failures + ([statistical] if statistical else []))
+        row.verdict, row.reason = "not_lossless", "; ".join(failures)
         return
-    row.reason = (f"exact: {record.reason()}; {statistical}; "
-                  f"greedy: identical in {row.greedy['comparisons']} comparisons")
+    stated = row.statistical["power"]
+    detectable, directions = stated["detectable_tv"], stated["directions"]
+    if detectable is not None:
+        could = (f"a departure of per-position TV {detectable:g} in any of {len(directions)} directions "
+                 f"({', '.join(directions)}) would be caught with probability >= {TARGET_POWER:g}")
+    else:
+        weakest = min(directions, key=lambda d: _power_at(stated, d, MAX_DETECTABLE_TV))
+        could = (f"no departure up to per-position TV {MAX_DETECTABLE_TV:g} is caught with probability "
+                 f"{TARGET_POWER:g} in every direction (at TV {MAX_DETECTABLE_TV:g}, {weakest}: "
+                 f"{_power_at(stated, weakest, MAX_DETECTABLE_TV):.2f})")
+    statistical = f"statistical: no rejection in {bet.tokens} tokens (log E {bet.log_evalue:.3g}); {could}"
+    blind = record.verdict in ("gap", "not_applicable")
+    if blind and (detectable is None or detectable > MAX_DETECTABLE_TV):
+        needed = stated["tokens_needed_at_max_detectable_tv"]
+        more = (f"about {needed - bet.tokens} more tokens (about {needed} in all) would give power "
+                f"{TARGET_POWER:g} at TV {MAX_DETECTABLE_TV:g}" if needed else
+                f"the simulated e-value did not grow at TV {MAX_DETECTABLE_TV:g}: more tokens would not help")
+        row.verdict = "inconclusive"
+        row.reason = f"exact: {record.reason()}; {statistical}; {more}"
+        return
+    row.reason = f"exact: {record.reason()}; {statistical}; greedy: identical in {row.greedy['comparisons']} comparisons"
+
+
+def _power_at(stated: dict, direction: str, size: float) -> float:
+    return next(r["power"] for r in stated["rows"] if r["direction"] == direction and r["tv"] == size)
