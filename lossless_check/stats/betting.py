@@ -101,10 +101,16 @@ class PositionBets:
     def observe(self, index: np.ndarray, v: np.ndarray) -> np.ndarray:
         """Observations ``(len(index), OBSERVATION)`` of the tokens at support indices ``index``, with the
         uniforms ``v`` of their PIT values."""
-        g = self.scaled[:, index].T  # (n, statistics)
-        log_factors = np.log1p(g[:, :, None] * np.asarray(EPSILONS)).reshape(len(index), FIXED)
+        if index.size > self.p.size:  # many tokens of a small support: tabulate the support once
+            log_factors = self._log_factors(np.arange(self.p.size))[index]
+        else:
+            log_factors = self._log_factors(index)
         pit = self.starts[:, index].T + (v * self.p[index])[:, None]
         return np.concatenate([log_factors, np.minimum(pit, 1.0)], axis=1)
+
+    def _log_factors(self, index: np.ndarray) -> np.ndarray:
+        g = self.scaled[:, index].T  # (n, statistics)
+        return np.log1p(g[:, :, None] * np.asarray(EPSILONS)).reshape(len(index), FIXED)
 
     def index(self, token: int) -> int:
         """The support index of ``token`` (which must have positive probability)."""
@@ -199,11 +205,14 @@ class BettingState:
         return dict(zip(FAMILIES, (float(x) for x in self.process.family_log_evalues())))
 
 
-#: The simulated departures of :class:`PowerSimulation`. ``toward_q``: along ``q' - p`` (``q'``: ``q`` on the
-#: support of ``p``); ``sharper`` / ``flatter``: ``p`` at a temperature below / above 1; ``reversed_rank``:
+#: The simulated departures of :class:`PowerSimulation`. ``toward_q``: ``p`` tilted by ``(q/p)^b``, ``b > 0``
+#: (``b = 1``: ``q`` on the support of ``p``; beyond: further the same way; ``log(q/p)`` clipped to +-20);
+#: ``away_from_q``: tilted by ``(p/q)^b`` (over-representing where the drafter is short of the target, as a
+#: drafter sampling its raw law while returning its processed one does); ``sharper`` / ``flatter``: ``p`` at a
+#: temperature below / above 1; ``reversed_rank``:
 #: along ``rev(p) - p`` (the probabilities of the support in reverse order of rank); ``permuted``: along
 #: ``perm(p) - p``, a fresh random permutation of the support's probabilities at each position.
-DIRECTIONS: tuple[str, ...] = ("toward_q", "sharper", "flatter", "reversed_rank", "permuted")
+DIRECTIONS: tuple[str, ...] = ("toward_q", "away_from_q", "sharper", "flatter", "reversed_rank", "permuted")
 #: Per-position total variations of the simulated departures.
 SIZES: tuple[float, ...] = (0.05, 0.1, 0.15, 0.2, 0.3)
 REPLICATES = 100
@@ -223,14 +232,16 @@ def departures(p: np.ndarray, q: np.ndarray, rng: np.random.Generator) -> np.nda
     sizes = np.asarray(SIZES)
     laws = np.empty((len(DIRECTIONS), len(SIZES), ps.size))
     for i, direction in enumerate(DIRECTIONS):
+        if direction in ("toward_q", "away_from_q"):
+            # log(q/p), clipped to +-20 so a token q gives 0 tilts at a finite rate.
+            log_ratio = np.clip(np.log(np.maximum(q[support] / ps, 1e-300)), -_LOG_RATIO_CAP, _LOG_RATIO_CAP)
+            laws[i] = _tilted(ps, log_ratio if direction == "toward_q" else -log_ratio, sizes, sharper=True)
+            continue
         if direction in ("sharper", "flatter"):
-            laws[i] = _temperature_departures(ps, sizes, sharper=direction == "sharper")
+            laws[i] = _tilted(ps, np.log(ps), sizes, sharper=direction == "sharper")
             continue
         target = np.empty_like(ps)
-        if direction == "toward_q":
-            inside = q[support]
-            target = inside / inside.sum() if inside.sum() > 0 else ps
-        elif direction == "reversed_rank":
+        if direction == "reversed_rank":
             target[ranked] = ps[ranked][::-1]
         else:  # permuted
             target[ranked] = ps[ranked][rng.permutation(ps.size)]
@@ -246,30 +257,32 @@ def departures(p: np.ndarray, q: np.ndarray, rng: np.random.Generator) -> np.nda
     return laws
 
 
-#: Bisection steps of the temperature departures (a relative precision of about 1e-3 on the exponent).
-_BISECTION_STEPS = 12
+#: Bisection steps of the tilted departures (a relative precision of about 1e-4 on ``1 + b``).
+_BISECTION_STEPS = 16
+_LOG_RATIO_CAP = 20.0
 
 
-def _temperature_departures(ps: np.ndarray, sizes: np.ndarray, sharper: bool) -> np.ndarray:
-    """``(len(sizes), support)``: ``ps^b`` normalised, ``b > 1`` (sharper) or ``b < 1`` (flatter), at total
-    variation ``size`` from ``ps`` (bisection on ``log2 b`` in ``[0, 6]``, or on ``b`` in ``[0, 1]``), or at the
-    extreme exponent (``64``, or ``0``: the uniform law) when that does not reach it."""
-    z = np.log(ps) - np.log(ps.max())
+def _tilted(ps: np.ndarray, z: np.ndarray, sizes: np.ndarray, sharper: bool) -> np.ndarray:
+    """``(len(sizes), support)``: ``ps exp(b z)`` normalised at total variation ``size`` from ``ps``, by
+    bisection on the exponent: ``b`` in ``[0, 63]`` (on ``log2(1 + b)``; with ``z = log p``, the temperature
+    ``1 / (1 + b)``, sharper) or ``b`` in ``[-1, 0]`` (``z = log p``: flatter, ``b = -1`` the uniform law); the
+    extreme exponent when that does not reach it."""
+    z = z - z.max()
 
     def laws(b: np.ndarray) -> np.ndarray:
-        e = np.exp(b[:, None] * z[None, :])
+        e = ps * np.exp(b[:, None] * z[None, :])
         return e / e.sum(axis=1, keepdims=True)
 
     def tv(b: np.ndarray) -> np.ndarray:
         return 0.5 * np.abs(laws(b) - ps).sum(axis=1)
 
-    to_exponent = (lambda x: 2.0 ** x) if sharper else (lambda x: x)
-    near, far = (np.zeros_like(sizes), np.full_like(sizes, 6.0)) if sharper else (np.ones_like(sizes),
-                                                                                     np.zeros_like(sizes))
+    to_exponent = (lambda x: 2.0 ** x - 1.0) if sharper else (lambda x: x)
+    near, far = (np.zeros_like(sizes), np.full_like(sizes, 6.0)) if sharper else (np.zeros_like(sizes),
+                                                                                     np.full_like(sizes, -1.0))
     reachable = tv(to_exponent(far)) > sizes
     for _ in range(_BISECTION_STEPS):
         middle = 0.5 * (near + far)
-        # TV grows as the exponent moves away from 1, on either side.
+        # TV grows as the exponent moves away from 0, on either side.
         beyond = tv(to_exponent(middle)) > sizes
         far = np.where(beyond & reachable, middle, far)
         near = np.where(beyond | ~reachable, near, middle)
@@ -284,14 +297,15 @@ class PowerCall:
     log_fixed: np.ndarray = None  # (directions, sizes, replicates, FIXED)
     pit: list = field(default_factory=list)  # per position (directions, sizes, replicates, 2)
     tv: list = field(default_factory=list)  # per position (directions, sizes)
+    replicates: int = REPLICATES
 
     def add(self, p: np.ndarray, q: np.ndarray, aimed: np.ndarray, rng: np.random.Generator) -> None:
-        """Simulate :data:`REPLICATES` tokens at one position (null ``p``, aiming laws ``q``, ``aimed``) under
+        """Simulate :attr:`replicates` tokens at one position (null ``p``, aiming laws ``q``, ``aimed``) under
         every departure, drawn with ``rng``."""
         bets = PositionBets(p, q, aimed)
         laws = departures(p, q, rng)
         tv = 0.5 * np.abs(laws - bets.p).sum(axis=-1)
-        shape = (len(DIRECTIONS), len(SIZES), REPLICATES)
+        shape = (len(DIRECTIONS), len(SIZES), self.replicates)
         # Inverse-CDF draws (the law of rng.choice), one sorted search per law.
         cumulative = np.cumsum(laws, axis=-1)
         u = rng.random(shape) * cumulative[..., -1:]
@@ -309,16 +323,16 @@ class PowerCall:
 class PowerSimulation:
     """The power of :class:`BettingState` on the laws a run met, by Monte Carlo.
 
-    At every observed position (null ``p``, aiming laws ``q`` and ``aimed``), each of :data:`REPLICATES`
-    simulated runs per departure ``(direction, size)`` emits a token from :func:`departure` (a law at that
+    At every observed position (null ``p``, aiming laws ``q`` and ``aimed``), each of ``replicates``
+    (:data:`REPLICATES` in a run) simulated runs per departure ``(direction, size)`` emits a token from :func:`departure` (a law at that
     per-position TV from ``p``, or the farthest its direction reaches there) and bets as the real run does.
     ``power`` is the share of replicates whose e-value reached ``1/alpha``, looked at after each call (a
     lower bound on the power of the real run, which looks after every token), within the run's tokens.
     """
 
-    def __init__(self, alpha: float):
+    def __init__(self, alpha: float, replicates: int = REPLICATES):
         self.threshold = math.log(1.0 / alpha)
-        self.shape = (len(DIRECTIONS), len(SIZES), REPLICATES)
+        self.shape = (len(DIRECTIONS), len(SIZES), replicates)
         self.process = EProcess(self.shape)
         self.detected_at = np.full(self.shape, -1)
         self.tokens = 0
@@ -379,7 +393,7 @@ class PowerSimulation:
                              "share_of_positions_short": float(self.short[i, j] / self.tokens) if self.tokens else 0.0,
                              "median_tokens_to_detection": float(np.median(self.detected_at[i, j][hit]))
                              if hit.any() else None})
-        return {"replicates": REPLICATES, "tokens": self.tokens, "rows": rows}
+        return {"replicates": self.shape[-1], "tokens": self.tokens, "rows": rows}
 
 
 __all__ = [

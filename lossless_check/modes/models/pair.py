@@ -337,8 +337,8 @@ def check_row(engine, settings: RowSettings, resolved, samples: int, alpha: floa
 
 
 def stated_directions(drafter_law: bool) -> tuple[str, ...]:
-    """The simulated directions a row's power is stated for (toward q only where a drafter law aimed it)."""
-    return tuple(d for d in DIRECTIONS if drafter_law or d != "toward_q")
+    """The simulated directions a row's power is stated for (toward and away from q only where a drafter law aimed q)."""
+    return tuple(d for d in DIRECTIONS if drafter_law or d not in ("toward_q", "away_from_q"))
 
 
 def _greedy_row(settings: RowSettings, resolved) -> dict:
