@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.special import gammaln, logsumexp
+from scipy.stats import norm
 
 #: Bet sizes of the statistic bets, fixed before any data.
 EPSILONS: tuple[float, ...] = (0.9, 0.5, 0.25, 1 / 8, 1 / 16, 1 / 32, 1 / 64)
@@ -218,8 +219,6 @@ SIZES: tuple[float, ...] = (0.05, 0.1, 0.15, 0.2, 0.3)
 REPLICATES = 100
 #: Power that counts as "would have seen it".
 TARGET_POWER = 0.99
-#: Normal quantile of :data:`TARGET_POWER` (the token estimate of :meth:`PowerSimulation.tokens_needed`).
-_Z_TARGET = 2.326
 
 
 def departures(p: np.ndarray, q: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -338,6 +337,7 @@ class PowerSimulation:
         self.tokens = 0
         self.tv_sum = np.zeros(self.shape[:2])
         self.short = np.zeros(self.shape[:2], dtype=np.int64)  # positions where the direction fell short of the size
+        self.looks: list[tuple[int, np.ndarray]] = []  # (tokens, every replicate's family log e-values) per call
 
     def add(self, call: PowerCall) -> None:
         """Add one call's :class:`PowerCall`; look once, after it."""
@@ -348,7 +348,10 @@ class PowerSimulation:
         tv = np.array(call.tv)
         self.tv_sum += tv.sum(axis=0)
         self.short += (tv < np.asarray(SIZES) - 1e-9).sum(axis=0)
-        fresh = (self.process.log_evalue() >= self.threshold) & (self.detected_at < 0)
+        families = self.process.family_log_evalues()
+        self.looks.append((self.tokens, families))
+        log_e = logsumexp(families, axis=-1) - math.log(len(FAMILIES))
+        fresh = (log_e >= self.threshold) & (self.detected_at < 0)
         self.detected_at[fresh] = self.tokens
 
     def power(self) -> np.ndarray:
@@ -363,22 +366,44 @@ class PowerSimulation:
 
     def tokens_needed(self, size: float, directions: tuple[str, ...] = DIRECTIONS) -> int | None:
         """About how many tokens power :data:`TARGET_POWER` at ``size`` would take in the weakest of
-        ``directions``: the replicates' log e-value extrapolated (mean growing like ``n``, spread like
-        ``sqrt(n)``) to where its :data:`TARGET_POWER` lower quantile reaches ``log(1/alpha)``; ``None`` when
-        it does not grow."""
-        if not self.tokens:
+        ``directions``. Each replicate's family e-values are carried forward from now at the drift per token
+        their direction's replicates showed since the look nearest half the tokens, mixed as the e-value mixes
+        them, with the spread per token of the mixture's increments over that window (a normal approximation; a
+        replicate that already rejected stays detected). ``None`` before two looks or when nothing grows."""
+        earlier = [look for look in self.looks if look[0] < self.tokens]
+        if not earlier:
             return None
-        log_e = self.process.log_evalue()[:, SIZES.index(size)]
-        needed = 0.0
+        then_tokens, then = min(earlier, key=lambda look: abs(look[0] - self.tokens / 2))
+        column = SIZES.index(size)
+        now = self.process.family_log_evalues()[:, column]  # (directions, replicates, families)
+        then = then[:, column]
+        window = self.tokens - then_tokens
+        needed = self.tokens
         for d in directions:
-            values = log_e[DIRECTIONS.index(d)]
-            mean, spread = float(values.mean()) / self.tokens, float(values.std()) / math.sqrt(self.tokens)
-            if mean <= 0:
+            i = DIRECTIONS.index(d)
+            drift = (now[i] - then[i]).mean(axis=0) / window  # per family
+            mixed_now, mixed_then = (logsumexp(x, axis=-1) - math.log(len(FAMILIES)) for x in (now[i], then[i]))
+            spread = float((mixed_now - mixed_then).std()) / math.sqrt(window)
+            done = self.detected_at[i, column] > 0
+
+            def power(more: int, now=now[i], drift=drift, spread=spread, done=done) -> float:
+                ahead = logsumexp(now + drift * more, axis=-1) - math.log(len(FAMILIES))
+                reach = (ahead - self.threshold) / max(spread * math.sqrt(more), 1e-12)
+                return float(np.where(done, 1.0, norm.cdf(reach)).mean())
+
+            if power(0) >= TARGET_POWER:
+                continue
+            if drift.max() <= 0:
                 return None
-            # mean n - z spread sqrt(n) = threshold, a quadratic in sqrt(n).
-            root = (_Z_TARGET * spread + math.sqrt((_Z_TARGET * spread) ** 2 + 4 * mean * self.threshold)) / (2 * mean)
-            needed = max(needed, root * root)
-        return max(self.tokens, math.ceil(needed))
+            high = 1
+            while power(high) < TARGET_POWER:
+                high *= 2
+            low = high // 2
+            while high - low > 1:
+                middle = (low + high) // 2
+                low, high = (middle, high) if power(middle) < TARGET_POWER else (low, middle)
+            needed = max(needed, self.tokens + high)
+        return needed
 
     def summary(self) -> dict:
         """The power table: per direction and size, the power, the mean per-position TV simulated, the share
