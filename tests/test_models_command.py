@@ -193,9 +193,9 @@ def test_untraceable_raw_logits_drafters_are_not_lossless(pair, close_pair, tmp_
     returning the raw one (the seed bug; on the far pair, emitted TV median 0.16) within the default budget.
     Both below 0.15 in TV, so their power is not the stated one: measured, seed 0 rejects after 1,890 and
     about 650 tokens."""
-    code, report = _run(close_pair, tmp_path, "--generator", UNTRACEABLE + "SamplesRawLogits", "--samples", "128")
+    _, report = _run(close_pair, tmp_path, "--generator", UNTRACEABLE + "SamplesRawLogits", "--samples", "128")
     assert report["cases"][0]["verdict"] == "not_lossless" and report["cases"][0]["exact"]["verdict"] == "gap"
-    code, report = _run(pair, tmp_path, "--generator", UNTRACEABLE + "ReturnsRawLogits")
+    _, report = _run(pair, tmp_path, "--generator", UNTRACEABLE + "ReturnsRawLogits")
     assert report["cases"][0]["verdict"] == "not_lossless" and report["cases"][0]["exact"]["verdict"] == "gap"
 
 
@@ -211,7 +211,7 @@ def test_correct_untraceable_drafter_is_lossless_with_power(close_pair, tmp_path
     (row,) = report["cases"]
     assert row["verdict"] == "lossless" and code == EXIT_OK
     assert row["exact"]["verdict"] == "gap" and row["statistical"]["power"]["detectable_tv"] <= 0.15
-    code, report = _run(close_pair, tmp_path, "--generator", UNTRACEABLE + "GumbelMaxDrafter", "--samples", "2")
+    _, report = _run(close_pair, tmp_path, "--generator", UNTRACEABLE + "GumbelMaxDrafter", "--samples", "2")
     assert report["cases"][0]["verdict"] == "inconclusive"  # control
 
 
@@ -264,7 +264,7 @@ def test_two_tokenizers_get_the_greedy_two_tokenizer_row(two_tokenizer_pair, tmp
     (greedy only) by default; greedy equals plain greedy decoding without a processor. Exact checks only (no
     false failure); prompt lookup's row is inconclusive, as no row could pass without power (its control)."""
     target, assistant, prompts = two_tokenizer_pair
-    code, report = _run((target, assistant), tmp_path, "--prompts", prompts, "--samples", "2",
+    _, report = _run((target, assistant), tmp_path, "--prompts", prompts, "--samples", "2",
                         "--max-new-tokens", "8")
     rows = {r["generator"]: r for r in report["cases"]}
     assert set(rows) == {"PromptLookupCandidateGenerator", "AssistedCandidateGeneratorDifferentTokenizers"}
