@@ -16,9 +16,10 @@ output_scores=True``. In ``_assisted_decoding`` the scores are the rows of ``new
 logits after every processor (and, before 4.45, after the separate warpers too, applied in place on
 ``new_logits``), which ``_speculative_sampling`` (or, for a generator returning no q, the loop's own
 ``new_logits.softmax``) turns into ``p``; one row per emitted token (``n_matches + 1`` a round, counted
-after the EOS and length crops). Read in 4.37.0, 4.38.2, 4.39.3, 4.40.0, 4.41.2, 4.42.0, 4.43.4, 4.44.0,
-4.45.0, 4.46.3, 4.47.0, 4.48.3, 4.49.0, 4.50.0 to 4.57.6 and 5.0.0 to 5.25.0 (every second minor): the same in
-all, so no release needs the law recomputed (a call whose scores do not number its emitted tokens is an
+after the EOS and length crops). Read in a release of every minor from 4.37 to 5.25 (4.37.0, 4.38.2, 4.39.3,
+4.40.0, 4.41.2, 4.42.0, 4.43.4, 4.44.0, 4.45.0, 4.46.3, 4.47.0, 4.48.3, 4.49.0, 4.50.0, 4.51.3, 4.52.4, 4.53.3,
+4.54.1, 4.55.4, 4.56.2, 4.57.6, then 5.0.0 to 5.25.0): the same in all, so no release needs the law
+recomputed, and no top_k boundary rule is needed (a call whose scores do not number its emitted tokens is an
 error). ``p_t`` is the softmax of the score row in its own dtype, as the verifier computes it, then float64:
 its support is exactly the verifier's, under every truncating warper (``top_k``, ``top_p``, ``min_p``,
 ``typical_p``, epsilon, eta) and every float rounding of the cached passes. ``q_t`` (the drafter's processed
@@ -37,9 +38,9 @@ In exact arithmetic the causal mask guarantees it; in floating point a row's las
 many positions its forward pass holds (which an adaptive drafter can choose from its drafts): that, and
 torch's generator being an ideal random source, are what "at most alpha" assumes beyond the algorithm. The
 harness's ``q_t``, ``r_t`` and ``V_t`` are functions of the prefix and of an independent stream, so
-conditioning on them changes nothing. That the verifier's row is the target's law at the prefix (up to the
-float rounding of a cached pass, which is not plain sampling's: measured up to 1.4e-4 in ``log p``) is the
-verifier's own check (``lossless-check verifier``), not this test's null.
+conditioning on them changes nothing. That the verifier's row is what plain sampling would compute at that
+prefix is not this test's null: the two differ by the float rounding of a cached pass (up to 1.4e-4 in
+``log p`` on the tests' pair), far below any departure a run resolves, and never a false failure here.
 
 **No pass without power.** A row whose exact check could not see its drafts (a gap, or no q returned, as
 prompt lookup) is ``lossless`` only when the statistical check would have caught a departure of per-position
@@ -111,10 +112,13 @@ class PairRow:
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
-        """A case of the JSON report (``samples``: the tokens the statistical test saw)."""
+        """A case of the JSON report (``samples``: the tokens the statistical test saw; ``tv_detectable``: the
+        smallest simulated per-position TV caught with power :data:`~lossless_check.stats.betting.TARGET_POWER`
+        in every direction, ``None`` if none was)."""
         return {"generator": self.generator, "warpers": self.warpers, "mode": "models", "verdict": self.verdict,
-                "samples": self.statistical.get("tokens", 0), "reason": self.reason, "exact": self.exact,
-                "statistical": self.statistical, "greedy": self.greedy, "seconds": self.seconds}
+                "samples": self.statistical.get("tokens", 0),
+                "tv_detectable": self.statistical.get("power", {}).get("detectable_tv"), "reason": self.reason,
+                "exact": self.exact, "statistical": self.statistical, "greedy": self.greedy, "seconds": self.seconds}
 
 
 #: The largest per-position total variation a row whose drafts the exact check could not see must be able to
