@@ -46,7 +46,7 @@ def exact_tvs(pair: tuple[str, str]) -> dict:
 
     from transformers import AutoModelForCausalLM, LogitsProcessorList, TopKLogitsWarper
 
-    from lossless_check.modes.models.pair import raw_logits_law
+    from lossless_check.modes.models.sampling import raw_logits_law
 
     target, assistant = (AutoModelForCausalLM.from_pretrained(p, local_files_only=True).eval() for p in pair)
     processors = LogitsProcessorList([TopKLogitsWarper(50)])

@@ -4,7 +4,7 @@ Every test is seeded (so its outcome is fixed); each states how often it would f
 were right (its false-fail rate), and has a broken control that must fail. The e-process is checked against
 :class:`NaiveEValue`, written here from the module docstring's formulas and sharing no code with the library
 (numpy only; the Krichevsky-Trofimov bets multiplied token by token, where the library uses the closed form);
-:class:`~lossless_check.stats.betting.PowerSimulation` against :func:`_brute_force_power`, which builds the
+:class:`~lossless_check.stats.power.PowerSimulation` against :func:`_brute_force_power`, which builds the
 departures its own way (root finding with scipy, no bisection) and bets with :class:`NaiveEValue`.
 """
 
@@ -15,19 +15,10 @@ import pytest
 from scipy.optimize import brentq
 from scipy.stats import binom
 
-from lossless_check.modes.models.pair import raw_logits_law
+from lossless_check.modes.models.sampling import raw_logits_law
 from lossless_check.stats import betting
-from lossless_check.stats.betting import (
-    DIRECTIONS,
-    FIXED,
-    SIZES,
-    BettingState,
-    PositionBets,
-    PowerCall,
-    PowerSimulation,
-    departures,
-    observe_token,
-)
+from lossless_check.stats.betting import FIXED, BettingState, PositionBets, observe_token
+from lossless_check.stats.power import DIRECTIONS, SIZES, PowerCall, PowerSimulation, departures
 
 VOCAB, TOP_K = 40, 12
 

@@ -135,7 +135,8 @@ def check_models(target: str, assistant: str, generators=None, warpers=None, pro
         read_prompts,
         tokenizers_differ,
     )
-    from lossless_check.modes.models.pair import RowSettings, check_row
+    from lossless_check.modes.models.pair import check_row
+    from lossless_check.modes.models.sampling import RowSettings
     from lossless_check.running.engine import make_engine
 
     check_checkpoint_dir(target, "--target")
