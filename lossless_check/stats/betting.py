@@ -3,10 +3,10 @@
 **The data.** Observation ``t`` is an emitted token ``x_t``. Before it is seen, the harness holds
 
 - ``p_t``: the null law, the verifier's law at that position (``lossless-check models`` takes it from the
-  very ``generate()`` call that emitted the token: :mod:`lossless_check.modes.models.pair`);
+  very ``generate()`` call that emitted the token: :mod:`lossless_check.modes.models.sampling`);
 - ``q_t`` and ``r_t``: two laws that only aim bets (the drafter's processed law at the prefix, and the law a
   named bug class would emit there); any laws work, computed from anything known before ``x_t``;
-- ``V_t``: a Uniform(0, 1) number the harness draws, independent of everything else.
+- ``V_t``: a Uniform(0, 1) number the harness draws, independent of ``x_t`` and of everything before it.
 
 **The hypothesis.** Let ``H_{t-1}`` be the sigma-field of ``x_s, V_s`` for ``s < t`` and of ``p_s, q_s, r_s``
 for ``s <= t`` (what the test has seen before ``x_t``). The null ``H0``: for every ``t``,
@@ -25,12 +25,12 @@ for ``s <= t`` (what the test has seen before ``x_t``). The null ``H0``: for eve
   i.i.d. uniform. On ``B`` equal bins, the Krichevsky-Trofimov plug-in density ``f_t(b) = B (n_b + 1/2) /
   (t - 1 + B/2)`` (``n_b``: earlier ``U`` in bin ``b``) has mean ``sum_b f_t(b) / B = 1``; the product is the
   Dirichlet(1/2) mixture of i.i.d. histogram likelihood ratios against the uniform. ``B`` in
-  :data:`RESOLUTIONS`, and a second PIT with the vocabulary ordered by ``q/p`` descending (a departure
-  toward or away from ``q`` moves ``U`` toward 0 or 1).
+  :data:`RESOLUTIONS`, and a second PIT with the vocabulary ordered by ``q/p`` descending, ties by token id (a
+  departure toward or away from ``q`` moves ``U`` toward 0 or 1).
 
 A temperature change moves the law by a ratio monotone in ``p`` (so in the order), and so does a mixture
 with the rank-reversed law: ``U``'s law is then at the same total variation from the uniform as the token's
-law is from ``p``; a mixture toward ``q`` is monotone in ``q/p``.
+law is from ``p``; a tilt toward (or away from) ``q``, ``p (q/p)^b``, is monotone in ``q/p``.
 
 **Validity.** Each family's e-process ``E_t = prod_{s <= t} factor_s`` is a nonnegative ``H``-martingale with
 ``E_0 = 1`` (a test martingale); the e-value is an average of them with weights fixed before any data
@@ -42,7 +42,7 @@ how ``q`` or ``r`` were computed. A token with ``p_t(x_t) = 0`` is an exact fail
 **What "at most alpha" assumes.** ``H0`` itself, with torch's random generator (which drew the tokens) and
 numpy's (which draws ``V``) modelled as independent ideal uniform sources; and float64 arithmetic on ``p``
 exact (the factors' means are 1 up to float64 rounding, about ``1e-16`` per token). Why a lossless decoder
-satisfies ``H0`` with ``p`` the verifier's rows: :mod:`lossless_check.modes.models.pair`.
+satisfies ``H0`` with ``p`` the verifier's rows: :mod:`lossless_check.modes.models.sampling`.
 
 **Power**: measured on the laws a run met, by simulation (:mod:`lossless_check.stats.power`).
 """
