@@ -189,8 +189,8 @@ def test_untraceable_raw_logits_drafters_are_not_lossless(pair, close_pair, tmp_
     """The raw-vs-processed bug classes, untraceable: sampling the raw law while returning the processed one
     (close pair: emitted TV median 0.087, away from q) within 4,096 tokens; sampling the processed law while
     returning the raw one (the seed bug; on the far pair, emitted TV median 0.16) within the default budget.
-    Both below 0.15 in TV, so their power is not the stated one: measured, seed 0 rejects after 1,890 and
-    about 650 tokens."""
+    Both below 0.15 in TV, so their power is not the stated one: measured, seeds 0 to 2 reject after 1,581 to
+    1,968 and 137 to 272 tokens (``benchmarks/models_power.py``, the guide)."""
     _, report = _run(close_pair, tmp_path, "--generator", UNTRACEABLE + "SamplesRawLogits", "--samples", "128")
     assert report["cases"][0]["verdict"] == "not_lossless" and report["cases"][0]["exact"]["verdict"] == "gap"
     _, report = _run(pair, tmp_path, "--generator", UNTRACEABLE + "ReturnsRawLogits")
