@@ -9,7 +9,7 @@ plus weight noise 0.0015: acceptance about 0.96 under top_k=50), saved once unde
 
 - ``exact``: for each drafter of :mod:`fixtures.mutants.untraceable_assisted`, the exact TV between the law a
   round's first emitted token follows and the target's, ``s min(1, p/q) + (1 - sum) norm(max(p - q, 0))``
-  (``s`` the law it samples, ``q`` the one it returns: :func:`lossless_check.modes.models.pair.raw_logits_law`),
+  (``s`` the law it samples, ``q`` the one it returns: :func:`lossless_check.modes.models.sampling.raw_logits_law`),
   at the positions of 16 target samples of 24 tokens; and the expected acceptance ``sum s min(1, p/q)``.
 - ``mutants``: ``lossless-check models`` at its defaults (64 calls of 32 tokens, alpha 1e-6) on each drafter,
   seeds 0 to N-1: verdict, exact check, tokens to rejection.
