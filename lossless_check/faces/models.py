@@ -1,9 +1,23 @@
 """``lossless-check models``: a user's own target/assistant pair checked in the real ``generate()``.
 
 :func:`check_models` loads both checkpoints offline, then runs, for every generator family that applies
-(or each named one) and every warper stack, the exact, statistical and greedy checks of :mod:`.pair`.
-The statistical tests share the family-wise ``alpha`` (Bonferroni over generators and stacks); the exact
-and greedy checks spend none.
+(or each named one) and every warper stack, the exact, statistical and greedy checks of
+:mod:`lossless_check.modes.models.pair`. The statistical tests share the family-wise ``alpha`` (Bonferroni
+over generators and stacks); the exact and greedy checks spend none.
+
+**What "a lossless pair is reported not_lossless with probability at most alpha" assumes.** Losslessness is
+taken as: every emitted token follows, given everything before it, the law the verifier computed at that
+position (the rows ``generate()`` returns as its scores; :mod:`lossless_check.stats.betting` states the
+hypothesis and the filtration). That holds for Algorithm 1 of Leviathan et al. when (1) each returned q row is
+the law its draft was drawn from, and (2) the verifier's row at a position does not depend on the drafts after
+it (exact by the causal mask; in floating point, a row's last bits may vary with the number of positions in its
+forward pass). Beyond that, the bound assumes (3) torch's random generator and numpy's (the harness's PIT
+uniforms) behave as independent ideal uniform sources. Nothing else: not independence between tokens or calls,
+not that the harness's own forward passes match ``generate()``'s (they only aim the bets), not a fixed stopping
+rule (the test is anytime-valid: it stops at its first rejection). The exact check fails a row only on a
+returned q more than :data:`~lossless_check.modes.interception.TOLERANCE` in TV from its drafts' law, and the
+greedy check only on different tokens: neither fails a lossless pair. A row whose exact check could not see
+its drafts and whose statistical check lacked power is ``inconclusive``, never ``lossless``.
 """
 
 from __future__ import annotations
@@ -64,7 +78,18 @@ class ModelsResult:
                                  f"p95 {tv['p95']:.3g}; "
                                  f"a raw-logits q would emit at TV median {bug['median']:.3g}, p95 {bug['p95']:.3g} "
                                  f"({tv['positions']} positions)")
+                lines.append("    " + _power_line(stats["power"]))
         return "\n".join(lines)
+
+
+def _power_line(power: dict) -> str:
+    """The simulated power at each per-position TV, the weakest direction's."""
+    by_size: dict = {}
+    for row in power["rows"]:
+        if row["direction"] in power["directions"]:
+            by_size[row["tv"]] = min(by_size.get(row["tv"], 1.0), row["power"])
+    sizes = ", ".join(f"TV {size:g}: {value:.2f}" for size, value in by_size.items())
+    return f"power (weakest of {len(power['directions'])} directions, {power['tokens']} tokens): {sizes}"
 
 
 def resolve_families(generators, two_tokenizers: bool = False) -> list:
@@ -103,14 +128,23 @@ def check_models(target: str, assistant: str, generators=None, warpers=None, pro
     one, else space-separated token ids), default seeded random ids; ``samples``: most sampling
     ``generate()`` calls per row; ``workers``: processes the calls are spread over (each loads the
     pair; the report is the same for any number). A lossless pair is reported ``not_lossless`` with
-    probability at most ``alpha``; the exact and greedy checks never fail a lossless pair.
+    probability at most ``alpha``, under the assumptions the module docstring states; the exact and greedy
+    checks never fail a lossless pair. A row whose drafts the exact check could not trace and whose
+    statistical check could not have seen a departure of per-position TV
+    :data:`~lossless_check.modes.models.pair.MAX_DETECTABLE_TV` is ``inconclusive``.
     """
     from lossless_check.faces.api import _stacks
-    from lossless_check.running.engine import make_engine
     from lossless_check.modes.models.loading import (
-        check_checkpoint_dir, check_prompts_file, load_pair, load_tokenizer, read_prompts, tokenizers_differ,
+        check_checkpoint_dir,
+        check_prompts_file,
+        load_pair,
+        load_tokenizer,
+        read_prompts,
+        tokenizers_differ,
     )
-    from lossless_check.modes.models.pair import RowSettings, check_row
+    from lossless_check.modes.models.pair import check_row
+    from lossless_check.modes.models.sampling import RowSettings
+    from lossless_check.running.engine import make_engine
 
     check_checkpoint_dir(target, "--target")
     check_checkpoint_dir(assistant, "--assistant")

@@ -57,7 +57,7 @@ class DraftingRecord:
     def to_dict(self) -> dict:
         return {**asdict(self), "gaps": self.gaps[:5], "verdict": self.verdict, "reason": self.reason()}
 
-    def merge(self, other: "DraftingRecord", call: int) -> None:
+    def merge(self, other: DraftingRecord, call: int) -> None:
         """Add the record of ``generate()`` call ``call`` (1-based; its rounds are numbered within it)."""
         for name in ("rounds", "drafted", "checked", "without_q", "inconsistent"):
             setattr(self, name, getattr(self, name) + getattr(other, name))

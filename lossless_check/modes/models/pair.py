@@ -3,30 +3,24 @@
 Three checks, in the real ``generate()`` of the installed release (``do_sample=True`` unless said):
 
 1. **Exact** (:mod:`.drafting`): every drafting round's returned q against the law its drafts were
-   drawn from. No statistics; applies to generators that return candidate logits.
-2. **Statistical**: every emitted token ``x_t`` against the target's processed law ``p_t`` at its own
-   prefix: one forward pass of the target over the output (no cache), processed by the very
-   ``LogitsProcessorList`` ``generate()`` builds for the stack (:func:`~lossless_check.laws.warpers.capture_processors`).
-   The test is :class:`~lossless_check.stats.betting.BettingState` (anytime-valid, aimed at q, the
-   drafter's processed law at the same prefix from one forward pass of the assistant). The calls stop at
-   its first rejection. Its power on the laws met is measured (:class:`~lossless_check.stats.betting.PowerSimulation`).
-   A position whose ``top_k`` boundary lies within float rounding (:data:`BOUNDARY_TOLERANCE`) is not bet on:
-   ``generate()``'s own forward pass may have drawn that boundary on the other side of a near-tie.
+   drawn from. No statistics; applies to generators that return candidate logits and draw with torch's
+   sampling primitives (a draw it cannot trace, e.g. Gumbel-max, is a *gap*).
+2. **Statistical**: every emitted token ``x_t`` against ``p_t``, the law the verifier itself used at that
+   position (taken from the call itself, :mod:`.sampling`, which says why a lossless decoder emits ``x_t``
+   from ``p_t``), by the test-by-betting e-process of :mod:`lossless_check.stats.betting` (anytime-valid; the
+   calls stop at its first rejection). Its power is measured on the laws met (:mod:`lossless_check.stats.power`).
 3. **Greedy**: ``do_sample=False`` speculative decoding returns plain greedy decoding's tokens.
 
-Figures: per emitted position, ``TV(p_t, q_t)`` (how far drafter and target disagree) and the TV to
-``p_t`` of the law a round's *first* emitted token would follow if the verifier were handed the
-drafter's raw logits while drafts follow its processed law (the seed bug class):
-``r = qs min(1, p/qc) + (1 - sum qs min(1, p/qc)) norm(max(0, p - qc))``, ``qs`` the processed and
-``qc = softmax(raw)`` the returned law. The correct algorithm (``qc = qs``) gives ``r = p`` exactly.
-The test also bets on ``r`` itself (:mod:`~lossless_check.stats.betting`): the bug class the project
-started from, aimed at directly; computed from the laws at the prefix, so validity is untouched.
+**No pass without power.** A row whose exact check could not see its drafts (a gap, or no q returned, as
+prompt lookup) is ``lossless`` only when the statistical check would have caught a departure of per-position
+TV :data:`MAX_DETECTABLE_TV` with probability :data:`~lossless_check.stats.power.TARGET_POWER` in every
+simulated direction; else it is ``inconclusive``, with what it could detect and about how many tokens more
+it would take.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -35,13 +29,13 @@ import numpy as np
 import torch
 
 from lossless_check.core.compat import release_warpers
-from lossless_check.core.errors import PlainSamplingFails
-from lossless_check.laws.expected import processed
-from lossless_check.modes.loop_models import ASSISTED, DIFFERENT_TOKENIZERS, PROMPT_LOOKUP, driving, installed_class
 from lossless_check.evidence.results import one_line
-from lossless_check.stats.betting import COMPONENTS, BettingState, PowerSimulation, log_factors
-from lossless_check.laws.warpers import capture_processors, format_warpers
-from lossless_check.modes.models.drafting import DraftingRecord, intercepting
+from lossless_check.laws.warpers import format_warpers
+from lossless_check.modes.loop_models import ASSISTED, DIFFERENT_TOKENIZERS, PROMPT_LOOKUP
+from lossless_check.modes.models.drafting import DraftingRecord
+from lossless_check.modes.models.sampling import PROMPT_LOOKUP_TOKENS, RowSettings, observe_call, routing
+from lossless_check.stats.betting import BettingState
+from lossless_check.stats.power import DIRECTIONS, TARGET_POWER, PowerSimulation
 
 #: Families a model pair drives: the assistant model itself, and prompt lookup (no drafter model).
 FAMILIES = (ASSISTED, PROMPT_LOOKUP)
@@ -50,8 +44,6 @@ FAMILIES = (ASSISTED, PROMPT_LOOKUP)
 #: in the assistant's vocabulary: neither the exact check's draft tracing nor a q at the target's prefix
 #: applies without its vocabulary translation; not driven.)
 TWO_TOKENIZERS = (DIFFERENT_TOKENIZERS,)
-#: Prompt lookup's draft length (generate()'s ``prompt_lookup_num_tokens``).
-PROMPT_LOOKUP_TOKENS = 4
 #: Greedy comparisons per row (the first prompts).
 GREEDY_PROMPTS = 4
 #: Options that act on sampling only: left out of the greedy comparison's config.
@@ -64,7 +56,7 @@ class PairRow:
 
     generator: str
     warpers: str
-    verdict: str = "lossless"  # lossless | not_lossless | error | skipped
+    verdict: str = "lossless"  # lossless | not_lossless | inconclusive | error | skipped
     reason: str = ""
     exact: dict = field(default_factory=dict)
     statistical: dict = field(default_factory=dict)
@@ -72,184 +64,26 @@ class PairRow:
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
-        """A case of the JSON report (``samples``: the tokens the statistical test saw)."""
+        """A case of the JSON report (``samples``: the tokens the statistical test saw; ``tv_detectable``: the
+        smallest simulated per-position TV caught with power :data:`~lossless_check.stats.power.TARGET_POWER`
+        in every direction, ``None`` if none was)."""
         return {"generator": self.generator, "warpers": self.warpers, "mode": "models", "verdict": self.verdict,
-                "samples": self.statistical.get("tokens", 0), "reason": self.reason, "exact": self.exact,
-                "statistical": self.statistical, "greedy": self.greedy, "seconds": self.seconds}
+                "samples": self.statistical.get("tokens", 0),
+                "tv_detectable": self.statistical.get("power", {}).get("detectable_tv"), "reason": self.reason,
+                "exact": self.exact, "statistical": self.statistical, "greedy": self.greedy, "seconds": self.seconds}
 
 
-#: How close (times ``max(1, |logit|)``) the k-th and (k+1)-th largest logits may be before a ``top_k``
-#: boundary is ambiguous: ``generate()`` computes the target's logits with its cache, several tokens per
-#: pass, the harness in one pass without cache, and float rounding can swap two near-tied tokens, putting a
-#: token in one support and not the other (a false exact failure). Measured on the tests' pair (float32,
-#: V = 49,152, top_k=50): the two passes differ by at most 9e-5 at |logit| about 9 (1e-5 relative), and
-#: 0.8% of positions have a boundary gap under 1e-4. The float32 tolerance is 10x that (1e-4 relative:
-#: about 5% of that pair's positions are left out; 1e-3 left out 41%); about 10 units in the last place for
-#: half precision.
-BOUNDARY_TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 6e-2}
-
-
-def top_k_ambiguous(row: torch.Tensor, k: int, relative: float) -> bool:
-    """Whether the ``k``-th and ``(k+1)``-th largest of ``row`` lie within ``relative * max(1, |k-th|)``."""
-    if k >= row.numel():
-        return False
-    values = torch.topk(row, k + 1).values
-    kth, after = float(values[k - 1]), float(values[k])
-    return math.isfinite(after) and kth - after <= relative * max(1.0, abs(kth))
-
-
-class _Laws:
-    """Processed next-token laws of a model after every prefix of one output (one forward pass)."""
-
-    def __init__(self, model, processors):
-        from transformers import LogitsProcessorList, TopKLogitsWarper
-
-        self.model, self.processors = model, processors
-        # The processors before top_k give the row its boundary is drawn on.
-        at = next((i for i, p in enumerate(processors) if isinstance(p, TopKLogitsWarper)), None)
-        self.top_k = None if at is None else (LogitsProcessorList(processors[:at]), processors[at].top_k)
-        self.tolerance = BOUNDARY_TOLERANCE.get(model.dtype, BOUNDARY_TOLERANCE[torch.float32])
-
-    @torch.no_grad()
-    def __call__(self, full: torch.Tensor, prompt_length: int) -> tuple[list[np.ndarray], list[np.ndarray], list[bool]]:
-        """The processed laws, the raw ones (softmax of the logits), and whether the top_k boundary is
-        ambiguous (:func:`top_k_ambiguous`), one per emitted position."""
-        n = full.shape[1] - prompt_length
-        logits = self.model(full, use_cache=False).logits[0, prompt_length - 1:prompt_length - 1 + n].float()
-        laws, raw, ambiguous = [], [], []
-        for t in range(n):
-            row, history = logits[t:t + 1], full[:, :prompt_length + t]
-            raw.append(torch.softmax(row[0].double(), dim=-1).cpu().numpy())
-            if self.top_k is not None:
-                before, k = self.top_k
-                boundary_row = processed(before, history, row.clone()) if len(before) else row
-                ambiguous.append(top_k_ambiguous(boundary_row[0], k, self.tolerance))
-            else:
-                ambiguous.append(False)
-            if len(self.processors) > 0:
-                row = processed(self.processors, history, row.clone())
-            laws.append(torch.softmax(row[0].double(), dim=-1).cpu().numpy())
-        return laws, raw, ambiguous
-
-
-def raw_logits_law(p: np.ndarray, q_sampled: np.ndarray, q_claimed: np.ndarray) -> np.ndarray:
-    """The law of a round's first emitted token when drafts follow ``q_sampled`` and the verifier is given
-    ``q_claimed`` (module docstring); ``p`` itself when they are equal."""
-    accepted = q_sampled * np.minimum(1.0, p / np.maximum(q_claimed, 1e-300))
-    residual = np.maximum(0.0, p - q_claimed)
-    return accepted + (1.0 - accepted.sum()) * (residual / residual.sum() if residual.sum() > 0 else 0.0)
+#: The largest per-position total variation a row whose drafts the exact check could not see must be able to
+#: detect (at power :data:`~lossless_check.stats.power.TARGET_POWER`, in every simulated direction) to be
+#: ``lossless``: the value of ``lossless_check.evidence.results.DEFAULT_MAX_DETECTABLE_TV``, the project's
+#: stated size, which this mirrors.
+MAX_DETECTABLE_TV = 0.3
 
 
 def _quantiles(values: list[float]) -> dict:
     if not values:
         return {"median": None, "p95": None, "positions": 0}
     return {"median": float(np.median(values)), "p95": float(np.quantile(values, 0.95)), "positions": len(values)}
-
-
-def _routing(family: str, target, assistant, generator_class, tokenizers=None) -> tuple[object, dict]:
-    """The target (the class under test wired in where generate() builds its family) and generate() kwargs
-    (``tokenizers``: the target's and the assistant's, for the two-tokenizer family)."""
-    kwargs = {} if family == PROMPT_LOOKUP else {"assistant_model": assistant}
-    if family == DIFFERENT_TOKENIZERS:
-        kwargs.update(tokenizer=tokenizers[0], assistant_tokenizer=tokenizers[1])
-    base = installed_class(family)
-    if generator_class is not base:
-        target = driving(copy.copy(target), generator_class, base)  # a shallow copy: the user's model is untouched
-    return target, kwargs
-
-
-@dataclass(frozen=True)
-class RowSettings:
-    """Everything one sampling ``generate()`` call of a row depends on (picklable: a task of the engine)."""
-
-    target: str
-    assistant: str
-    device: str
-    generator: str  # the spec resolve_generator takes
-    stack: tuple  # the warper stack's items
-    prompts: tuple
-    max_new_tokens: int
-    seed: int
-
-
-@dataclass
-class CallObservation:
-    """What one sampling call gave: per emitted token its bet's log factors (``None``: outside the
-    target's support) and its power-simulation step, its TV figures, and the call's drafting record."""
-
-    record: DraftingRecord
-    factors: list = field(default_factory=list)
-    power_steps: list = field(default_factory=list)
-    tv_pq: list = field(default_factory=list)
-    bug_tv: list = field(default_factory=list)
-    ambiguous: int = 0  # tokens at a top_k boundary float rounding may move (not bet on)
-    error: str = ""  # generate() raised
-    skipped: str = ""  # plain sampling itself fails under the stack
-
-
-#: ``(settings, prompt length) -> processors``, per process: capture_processors builds a model from the config.
-_PROCESSORS: dict = {}
-
-
-def observe_call(settings: RowSettings, call: int) -> CallObservation:
-    """Sampling call ``call`` of a row: a function of ``settings`` and ``call`` alone (its torch seed is
-    ``seed * 1_000_003 + call``, its power stream ``default_rng([seed, 7, call])``), so it gives the same
-    data in an engine worker as here."""
-    from transformers import GenerationConfig
-
-    from lossless_check.subjects.adapters import resolve_generator
-    from lossless_check.modes.models.loading import load_pair
-
-    target, assistant = load_pair(settings.target, settings.assistant, settings.device)
-    resolved = resolve_generator(settings.generator)
-    family, stack = resolved.adapter.name, dict(settings.stack)
-    device = next(target.parameters()).device
-    config = GenerationConfig(do_sample=True, max_new_tokens=settings.max_new_tokens, **release_warpers(stack))
-    if family == PROMPT_LOOKUP:
-        config.prompt_lookup_num_tokens = PROMPT_LOOKUP_TOKENS
-    routed, kwargs = _routing(family, target, assistant, resolved.generator_class)
-    vocab = (assistant if family == ASSISTED else target).get_output_embeddings().weight.shape[0]
-    observed = CallObservation(DraftingRecord())
-    watched = intercepting(routed, vocab, observed.record)
-    prompt = list(settings.prompts[call % len(settings.prompts)])
-    key = (settings.target, settings.device, format_warpers(stack), settings.max_new_tokens, len(prompt))
-    with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device]), warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        torch.manual_seed(settings.seed * 1_000_003 + call)
-        ids = torch.tensor([prompt], dtype=torch.long, device=device)
-        try:
-            with torch.no_grad():
-                full = watched.generate(ids, generation_config=config, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - the generator under test (or the loop) failed
-            observed.error = f"generate() raised {one_line(exc)}"
-            return observed
-        try:
-            if key not in _PROCESSORS:
-                probe = torch.zeros((1, len(prompt)), dtype=torch.long)
-                _PROCESSORS[key] = capture_processors(target, probe, stack, settings.max_new_tokens)[0]
-            p_laws, p_raw, ambiguous = _Laws(target, _PROCESSORS[key])(full, len(prompt))
-            if assistant.get_output_embeddings().weight.shape[0] == target.get_output_embeddings().weight.shape[0]:
-                q_laws, q_raw, _ = _Laws(assistant, _PROCESSORS[key])(full, len(prompt))
-            else:  # prompt lookup beside an assistant of another vocabulary: aim at the target's unwarped law
-                q_laws, q_raw = p_raw, p_raw
-        except PlainSamplingFails as exc:  # the installed processors themselves fail on a history
-            observed.skipped = str(exc)
-            return observed
-    rng = np.random.default_rng([settings.seed, 7, call])
-    for x, p, q, qc, unsure in zip(full[0, len(prompt):].tolist(), p_laws, q_laws, q_raw, ambiguous):
-        aimed = raw_logits_law(p, q, qc)
-        step = PowerSimulation.step(p, q, aimed, rng)
-        if unsure:
-            # Decided from the prefix alone, before the token: a factor of 1 keeps the e-process's mean 1.
-            observed.ambiguous += 1
-            observed.factors.append(np.zeros(COMPONENTS))
-            observed.power_steps.append((np.zeros_like(step[0]), step[1]))
-        else:
-            observed.factors.append(log_factors(p, q, np.array([x]), aimed)[0] if p[x] > 0.0 else None)
-            observed.power_steps.append(step)
-        observed.bug_tv.append(0.5 * float(np.abs(aimed - p).sum()))
-        observed.tv_pq.append(0.5 * float(np.abs(p - q).sum()))
-    return observed
 
 
 def check_row(engine, settings: RowSettings, resolved, samples: int, alpha: float) -> PairRow:
@@ -268,7 +102,7 @@ def check_row(engine, settings: RowSettings, resolved, samples: int, alpha: floa
         return row
     if resolved.adapter.name in TWO_TOKENIZERS:
         row.greedy = _greedy_row(settings, resolved)
-        _decide(row, DraftingRecord(), BettingState.start())
+        _decide(row, DraftingRecord(), BettingState.start(), None)
         row.seconds = time.perf_counter() - started
         return row
     record = DraftingRecord()
@@ -277,7 +111,7 @@ def check_row(engine, settings: RowSettings, resolved, samples: int, alpha: floa
     bug_tv: list[float] = []
     tv_pq: list[float] = []
     wave = 1 if engine.workers <= 1 else 2 * engine.workers
-    calls, ambiguous, stopped = 0, 0, False
+    calls, stopped, drafter_law = 0, False, True
     while calls < samples and not stopped:
         batch = range(calls, min(samples, calls + wave))
         for observed in engine.map(observe_call, [(settings, i) for i in batch]):
@@ -289,28 +123,39 @@ def check_row(engine, settings: RowSettings, resolved, samples: int, alpha: floa
             if observed.skipped:
                 row.verdict, row.reason = "skipped", observed.skipped
                 return row
-            for factors, step in zip(observed.factors, observed.power_steps):
-                bet.add(factors, alpha)
-                power.add(*step)
-            ambiguous += observed.ambiguous
+            for observation in observed.observations:
+                bet.add(observation, alpha)
+                if bet.rejected_at is not None or bet.support_violations:
+                    stopped = True
+                    break
+            power.add(observed.power)
+            drafter_law &= observed.drafter_law
             bug_tv += observed.bug_tv
             tv_pq += observed.tv_pq
-            if bet.rejected_at is not None or bet.support_violations:
-                stopped = True
+            if stopped:
                 break
+    directions = stated_directions(drafter_law)
     row.exact = record.to_dict()
     row.statistical = {
-        "test": "betting e-process toward q (anytime-valid, Ville)", "alpha": alpha, "tokens": bet.tokens,
-        "calls": calls, "log_evalue": bet.log_evalue, "max_log_evalue": bet.max_log_evalue,
+        "test": "betting e-process toward q, sharper, flatter and on PIT values (anytime-valid, Ville)",
+        "null": "the verifier's law: generate()'s scores (return_dict_in_generate, output_scores)",
+        "alpha": alpha, "tokens": bet.tokens, "calls": calls, "log_evalue": bet.log_evalue,
+        "family_log_evalues": bet.family_log_evalues(), "max_log_evalue": bet.max_log_evalue,
         "rejected_at_token": bet.rejected_at, "support_violations": bet.support_violations,
-        "ambiguous_top_k_boundary": ambiguous,
         "tv_target_drafter": _quantiles(tv_pq), "tv_raw_logits_bug_first_position": _quantiles(bug_tv),
-        "power": power.summary(),
+        "power": {**power.summary(), "directions": list(directions),
+                  "detectable_tv": power.detectable_tv(directions),
+                  "tokens_needed_at_max_detectable_tv": power.tokens_needed(MAX_DETECTABLE_TV, directions)},
     }
     row.greedy = _greedy_row(settings, resolved)
-    _decide(row, record, bet)
+    _decide(row, record, bet, power)
     row.seconds = time.perf_counter() - started
     return row
+
+
+def stated_directions(drafter_law: bool) -> tuple[str, ...]:
+    """The simulated directions a row's power is stated for (toward and away from q only where a drafter law aimed q)."""
+    return tuple(d for d in DIRECTIONS if drafter_law or d not in ("toward_q", "away_from_q"))
 
 
 def _greedy_row(settings: RowSettings, resolved) -> dict:
@@ -321,7 +166,7 @@ def _greedy_row(settings: RowSettings, resolved) -> dict:
     family = resolved.adapter.name
     tokenizers = ((load_tokenizer(settings.target), load_tokenizer(settings.assistant, "--assistant"))
                   if family == DIFFERENT_TOKENIZERS else None)
-    routed, kwargs = _routing(family, target, assistant, resolved.generator_class, tokenizers)
+    routed, kwargs = routing(family, target, assistant, resolved.generator_class, tokenizers)
     return greedy_equivalence(routed, kwargs, dict(settings.stack), [list(p) for p in settings.prompts[:GREEDY_PROMPTS]],
                               settings.max_new_tokens, family)
 
@@ -354,35 +199,50 @@ def greedy_equivalence(target, kwargs: dict, stack: dict, prompts: list[list[int
             "first_difference": differences[0] if differences else None}
 
 
-def _decide(row: PairRow, record: DraftingRecord, bet: BettingState) -> None:
+def _decide(row: PairRow, record: DraftingRecord, bet: BettingState, power: PowerSimulation | None) -> None:
     failures = []
     if record.verdict == "inconsistent":
         failures.append(f"exact: {record.reason()}")
     if bet.support_violations:
         failures.append(f"statistical: {bet.support_violations} emitted token(s) have probability 0 under the "
-                        f"target's processed law")
+                        f"verifier's law")
     if bet.rejected_at is not None:
         failures.append(f"statistical: the e-value reached 1/alpha after {bet.rejected_at} tokens")
     if row.greedy.get("differ"):
         failures.append(f"greedy: {row.greedy['differ']} of {row.greedy['comparisons']} outputs differ from plain "
                         f"greedy decoding")
-    if not row.statistical:  # a greedy-only generator
+    if power is None:  # a greedy-only generator
         if failures:
             row.verdict, row.reason = "not_lossless", "; ".join(failures)
         else:
             row.reason = (f"greedy only (generate() builds it under do_sample=False): identical in "
                           f"{row.greedy['comparisons']} comparisons")
         return
-    power = next(r for r in row.statistical["power"]
-                 if r["contamination"] == 0.25 and r["fraction_of_positions"] == 1.0)
-    unsure = row.statistical["ambiguous_top_k_boundary"]
-    unsure = f", {unsure} at a top_k boundary within float rounding not bet on" if unsure else ""
-    statistical = (f"statistical: no rejection in {bet.tokens} tokens{unsure} (log E {bet.log_evalue:.3g}; a departure "
-                   f"toward q of per-position TV {power['median_tv_at_hit_positions']:.3g} would be caught with "
-                   f"probability "
-                   f"{power['power']:.2f})") if bet.rejected_at is None and not bet.support_violations else ""
     if failures:
-        row.verdict, row.reason = "not_lossless", "; ".join(failures + ([statistical] if statistical else []))
+        row.verdict, row.reason = "not_lossless", "; ".join(failures)
         return
-    row.reason = (f"exact: {record.reason()}; {statistical}; "
-                  f"greedy: identical in {row.greedy['comparisons']} comparisons")
+    stated = row.statistical["power"]
+    detectable, directions = stated["detectable_tv"], stated["directions"]
+    if detectable is not None:
+        could = (f"a departure of per-position TV {detectable:g} in any of {len(directions)} directions "
+                 f"({', '.join(directions)}) would be caught with probability >= {TARGET_POWER:g}")
+    else:
+        weakest = min(directions, key=lambda d: _power_at(stated, d, MAX_DETECTABLE_TV))
+        could = (f"no departure up to per-position TV {MAX_DETECTABLE_TV:g} is caught with probability "
+                 f"{TARGET_POWER:g} in every direction (at TV {MAX_DETECTABLE_TV:g}, {weakest}: "
+                 f"{_power_at(stated, weakest, MAX_DETECTABLE_TV):.2f})")
+    statistical = f"statistical: no rejection in {bet.tokens} tokens (log E {bet.log_evalue:.3g}); {could}"
+    blind = record.verdict in ("gap", "not_applicable")
+    if blind and (detectable is None or detectable > MAX_DETECTABLE_TV):
+        needed = stated["tokens_needed_at_max_detectable_tv"]
+        more = (f"about {needed - bet.tokens} more tokens (about {needed} in all) would give power "
+                f"{TARGET_POWER:g} at TV {MAX_DETECTABLE_TV:g}" if needed else
+                f"the simulated e-value did not grow at TV {MAX_DETECTABLE_TV:g}: more tokens would not help")
+        row.verdict = "inconclusive"
+        row.reason = f"exact: {record.reason()}; {statistical}; {more}"
+        return
+    row.reason = f"exact: {record.reason()}; {statistical}; greedy: identical in {row.greedy['comparisons']} comparisons"
+
+
+def _power_at(stated: dict, direction: str, size: float) -> float:
+    return next(r["power"] for r in stated["rows"] if r["direction"] == direction and r["tv"] == size)
