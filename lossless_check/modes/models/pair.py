@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from lossless_check.core.compat import release_warpers
-from lossless_check.evidence.results import one_line
+from lossless_check.evidence.results import DEFAULT_MAX_DETECTABLE_TV, one_line
 from lossless_check.laws.warpers import format_warpers
 from lossless_check.modes.loop_models import ASSISTED, DIFFERENT_TOKENIZERS, PROMPT_LOOKUP
 from lossless_check.modes.models.drafting import DraftingRecord
@@ -75,9 +75,8 @@ class PairRow:
 
 #: The largest per-position total variation a row whose drafts the exact check could not see must be able to
 #: detect (at power :data:`~lossless_check.stats.power.TARGET_POWER`, in every simulated direction) to be
-#: ``lossless``: the value of ``lossless_check.evidence.results.DEFAULT_MAX_DETECTABLE_TV``, the project's
-#: stated size, which this mirrors.
-MAX_DETECTABLE_TV = 0.3
+#: ``lossless``: the project's stated size (one of the simulated sizes, so its power is read, not interpolated).
+MAX_DETECTABLE_TV = DEFAULT_MAX_DETECTABLE_TV
 
 
 def _quantiles(values: list[float]) -> dict:
