@@ -9,6 +9,10 @@ import sys
 
 from lossless_check.core.errors import UsageError
 
+#: A user's rejection sampler's protocols (``lossless_check.subjects.sampler``): transformers'
+#: ``_speculative_sampling`` signature, or engine style ``(draft_probs, draft_token_ids, target_probs)``.
+SAMPLER_PROTOCOLS = ("transformers", "probs")
+
 
 def probability(text: str) -> float:
     """A number strictly between 0 and 1 (an error rate)."""

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 import torch
 
 from lossless_check.core.errors import GeneratorFailure, UsageError
+from lossless_check.core.options import SAMPLER_PROTOCOLS as PROTOCOLS
 from lossless_check.core.options import load_attribute
 
-PROTOCOLS = ("transformers", "probs")
 TRANSFORMERS_PARAMETERS = ("candidate_input_ids", "candidate_logits", "candidate_length", "new_logits")
 PROBS_PARAMETERS = ("draft_probs", "draft_token_ids", "target_probs")
 #: What releases up to 5.17 (4.38) pass after ``new_logits``: whether the candidate already hit a stop.
@@ -110,6 +110,10 @@ class Sampler:
     function: Callable = field(compare=False)
     protocol: str
     parameters: frozenset[str] = field(default_factory=frozenset, compare=False)
+
+    def __reduce__(self):
+        # Pickled by name (a run's worker processes import it again): see :func:`load_sampler`.
+        return load_sampler, (self.spec, self.protocol)
 
     # -- calls as the checks make them ---------------------------------------------------------
 

@@ -85,16 +85,25 @@ class Point:
         return f"{self.where} -> {value}"
 
 
+#: Why a sampler is untraceable when a path's draws differ between two runs.
+UNSEEN = ("its draws differ between two runs down the same path of choices (randomness the check does not "
+          "see, e.g. a private generator)")
+
+
 @dataclass
 class Path:
-    """One run: the choices it follows (``prefix``, then the first option at every new point)."""
+    """One run: the choices it follows (``prefix``, then the first option at every new point). ``expected``:
+    the points an earlier run met along ``prefix``; meeting others is randomness the check does not see."""
 
     prefix: tuple[int, ...]
+    expected: tuple[Point, ...] = ()
     points: list[Point] = field(default_factory=list)
 
     def choose(self, point: Point) -> object:
         depth = len(self.points)
         self.points.append(point)
+        if depth < len(self.expected) and point != self.expected[depth]:
+            raise Untraceable(UNSEEN)
         index = self.prefix[depth] if depth < len(self.prefix) else 0
         return point.options[index]
 
@@ -290,11 +299,11 @@ class Enumeration:
         self.inside_cell: tuple[Path, Path, dict, dict] | None = None
         self.leaves: list[Leaf] = []
 
-    def _execute(self, prefix: tuple[int, ...]) -> Leaf:
+    def _execute(self, prefix: tuple[int, ...], expected: tuple[Point, ...] = ()) -> Leaf:
         self.paths += 1
         if self.paths > self.max_paths:
             raise Untraceable(f"its draws make more than {self.max_paths} paths")
-        path = Path(prefix)
+        path = Path(prefix, expected)
         leaf = self.run(path)
         self.leaves.append(leaf)
         if leaf.failure is not None and self.failure is None:
@@ -304,15 +313,16 @@ class Enumeration:
     def law(self) -> dict[tuple[int, ...], Fraction]:
         return self._explore((), None)
 
-    def _explore(self, prefix: tuple[int, ...], first: Leaf | None) -> dict:
-        leaf = first if first is not None else self._execute(prefix)
+    def _explore(self, prefix: tuple[int, ...], first: Leaf | None, expected: tuple[Point, ...] = ()) -> dict:
+        leaf = first if first is not None else self._execute(prefix, expected)
         if self.failure is not None:
             return {}
         points = leaf.path.points
         if len(points) == len(prefix):
             return {leaf.emitted: Fraction(1)}
         point = points[len(prefix)]
-        children = [self._explore(prefix + (i,), leaf if i == 0 else None) for i in range(len(point.options))]
+        along = tuple(points[: len(prefix) + 1])
+        children = [self._explore(prefix + (i,), leaf if i == 0 else None, along) for i in range(len(point.options))]
         if self.failure is not None:
             return {}
         law: dict = {}

@@ -43,7 +43,16 @@ import numpy as np
 import torch
 
 from lossless_check.subjects.sampler import Sampler, SamplerFailure, Untraceable
-from lossless_check.subjects.sampler_draws import CELLS, UNIFORM, Enumeration, Leaf, Path, controlled, same_law
+from lossless_check.subjects.sampler_draws import (
+    CELLS,
+    UNIFORM,
+    UNSEEN,
+    Enumeration,
+    Leaf,
+    Path,
+    controlled,
+    same_law,
+)
 from lossless_check.subjects.verifier import VerifierCheck, uniform
 
 #: Laws per position, ``(p, q)``, and what each covers. Residuals and bonus laws have supports of 1, 2 or 4.
@@ -244,7 +253,7 @@ def check_design(sampler: Sampler, design: Design) -> DesignOutcome:
                     f"emits {_text(right_law)}: its decision changes inside a cell of width 1/{CELLS}, where "
                     "Algorithm 1's does not (a threshold off p/q by a grid step, e.g. r <= p/q)")
         return DesignOutcome(_check(design, f"drafts {list(drafts)}: {_text(algorithm)}", observed, False),
-                             paths=paths, untraceable=_unseen_randomness(sampler, design, {drafts: enumeration}))
+                             paths=paths, untraceable=_unseen_randomness(sampler, design, runs))
     failures = position_failures(design, joint)
     expected_text = "; ".join(f"position {j + 1}: {_law_text(design.p[j])}" for j in range(design.k + 1))
     if failures:
@@ -279,19 +288,24 @@ def _leaf_failure(design: Design, enumeration: Enumeration) -> VerifierCheck | N
     return None
 
 
+#: Times every path of a design is run again before a law failure there is reported: randomness the
+#: controlled primitives and the global-state check do not see (a private numpy or Python generator)
+#: changes a fixed path's draws or outcome between runs. A path whose outcome is a coin with odds
+#: a : 1 - a repeats it on every rerun with probability at most max(a, 1 - a)^RERUNS.
+RERUNS = 4
+
+
 def _unseen_randomness(sampler: Sampler, design: Design, runs: dict[tuple[int, ...], Enumeration]) -> str | None:
-    """Before a law failure is reported, every path it rests on is run once more: ``None`` if each gives the
-    same outcome again, else why the check is void (randomness the controlled primitives do not see, e.g. a
-    private numpy generator, changes the outcome of a fixed path between runs)."""
+    """Before a law failure is reported, every path of the design is run :data:`RERUNS` times more: ``None`` if
+    each gives the same draws and outcome again, else why the check is void."""
     try:
         for drafts, enumeration in runs.items():
             with controlled() as patches:
                 run = _Run(sampler, design, drafts, patches)
-                for leaf in enumeration.leaves:
-                    again = run(Path(leaf.path.choices))
-                    if again.emitted != leaf.emitted or again.path.choices != leaf.path.choices:
-                        return "its outcome on a fixed path of draws varies between runs (randomness the check " \
-                               "does not see)"
+                for leaf in enumeration.leaves * RERUNS:
+                    again = run(Path(leaf.path.choices, tuple(leaf.path.points)))
+                    if again.emitted != leaf.emitted or len(again.path.points) != len(leaf.path.points):
+                        return UNSEEN
     except Untraceable as exc:
         return str(exc)
     return None
