@@ -348,8 +348,7 @@ class Lossless:
         design or position failed, with the draws that show it, and the command that repeats the check."""
         report = self.check_sampler(sampler, protocol, samples)
         if not report.lossless:
-            pytest.fail(f"{report.sampler} is not lossless ({report.protocol} protocol): {report.reason}
-"
+            pytest.fail(f"{report.sampler} is not lossless ({report.protocol} protocol): {report.reason}\n"
                         f"reproduce: {self._state.records[-1]['reproduce']}", pytrace=False)
         return report
 

@@ -7,6 +7,7 @@ import shlex
 
 from lossless_check.core.errors import UsageError
 from lossless_check.core.options import SAMPLER_PROTOCOLS, positive_int, probability
+
 #: Trials per draft/target pair of the statistical check.
 DEFAULT_PAIR_SAMPLES = 5_000
 

@@ -129,7 +129,7 @@ class Sampler:
             return self._emitted(out, drafts, target_probs.shape[-1])
         with torch.no_grad():
             candidate_ids = torch.tensor([list(PROMPT) + list(drafts)], dtype=torch.long)
-            valid, n = self.verify(candidate_ids, torch.log(draft_probs)[None].to(draft_dtype), k,
+            valid, _ = self.verify(candidate_ids, torch.log(draft_probs)[None].to(draft_dtype), k,
                                    torch.log(target_probs)[None])
         return valid[0].tolist()
 
@@ -254,7 +254,7 @@ def sampler_in_place(sampler: Sampler | None):
     if sampler is None:
         yield
         return
-    import transformers.generation.utils as utils
+    from transformers.generation import utils
 
     installed = utils._speculative_sampling
     utils._speculative_sampling = sampler.as_installed(installed)

@@ -47,7 +47,7 @@ class SamplerReport:
 
     def _reason(self) -> str:
         stats = self.statistical
-        detects = (f"statistical: {len(stats.tests)} position tests over {len(set(t.design for t in stats.tests))} "
+        detects = (f"statistical: {len(stats.tests)} position tests over {len({t.design for t in stats.tests})} "
                    f"draft/target pairs at {stats.samples} trials each, family alpha {stats.alpha:g}, detects TV >= "
                    f"{stats.tv_detectable:.3f} at position 1 of every pair with power {POWER}")
         if self.exact.failed:

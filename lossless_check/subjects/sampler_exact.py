@@ -43,16 +43,7 @@ import numpy as np
 import torch
 
 from lossless_check.subjects.sampler import Sampler, SamplerFailure, Untraceable
-from lossless_check.subjects.sampler_draws import (
-    CELLS,
-    UNIFORM,
-    UNSEEN,
-    Enumeration,
-    Leaf,
-    Path,
-    controlled,
-    same_law,
-)
+from lossless_check.subjects.sampler_draws import CELLS, UNIFORM, UNSEEN, Enumeration, Leaf, Path, controlled, same_law
 from lossless_check.subjects.verifier import VerifierCheck, uniform
 
 #: Laws per position, ``(p, q)``, and what each covers. Residuals and bonus laws have supports of 1, 2 or 4.
@@ -278,14 +269,16 @@ def _leaf_failure(design: Design, enumeration: Enumeration) -> VerifierCheck | N
     if enumeration.failure is not None:
         leaf = enumeration.failure
         return _check(design, "a valid return on every path", f"{leaf.failure} (draws: {leaf.path.describe()})", False)
-    for leaf in enumeration.leaves:
-        found = _support_failure(design, leaf) if leaf.emitted is not None else None
-        if found:
-            zero = any(p.kind == UNIFORM and p.options[i] == 0.0 for p, i in zip(leaf.path.points,
-                                                                                  leaf.path.choices))
-            return _check(design, "only tokens of the target's support", f"{found}: emits {list(leaf.emitted)} "
-                          f"(draws: {leaf.path.describe()})", False, ZERO_RATE if zero else "")
-    return None
+    failing = [(leaf, found) for leaf in enumeration.leaves if leaf.emitted is not None
+               and (found := _support_failure(design, leaf))]
+    if not failing:
+        return None
+    # Only at a uniform of exactly 0 (every failing path has one): the rate of that single grid value.
+    at_zero = [any(p.kind == UNIFORM and p.options[i] == 0.0 for p, i in zip(leaf.path.points, leaf.path.choices))
+               for leaf, _ in failing]
+    leaf, found = failing[at_zero.index(False)] if not all(at_zero) else failing[0]
+    return _check(design, "only tokens of the target's support", f"{found}: emits {list(leaf.emitted)} "
+                  f"(draws: {leaf.path.describe()})", False, ZERO_RATE if all(at_zero) else "")
 
 
 #: Times every path of a design is run again before a law failure there is reported: randomness the

@@ -58,10 +58,13 @@ class TablePair:
 
 
 def _float32_laws(laws: np.ndarray) -> np.ndarray:
-    """Laws as torch computes them from their float32 logits (exact zeros kept), back in float64."""
+    """Laws as torch computes them from their float32 logits (exact zeros kept), normalised in float64: the
+    law tests take laws that sum to 1 (a float32 softmax sums to 1 within 1e-7, and the L1 test's tail
+    bound then reads a single sample on a support of three tokens of 0.33333334 as impossible)."""
     with np.errstate(divide="ignore"):
         logits = torch.tensor(np.log(laws), dtype=torch.float32)
-    return logits.softmax(-1).double().numpy()
+    probs = logits.softmax(-1).double().numpy()
+    return probs / probs.sum(-1, keepdims=True)
 
 
 def _sparse(rng, shape, vocab: int, low: int = 1) -> np.ndarray:
@@ -97,17 +100,17 @@ def designs(seed: int) -> list[TablePair]:
     def pair(name, k, p_of, q_of, vocab=v):
         return TablePair(name, _float32_laws(p_of((k + 1, vocab), vocab)), _float32_laws(q_of((k, vocab), vocab)))
 
-    dense = lambda shape, vocab: rng.dirichlet(np.ones(vocab), size=shape)  # noqa: E731
-    sparse = lambda shape, vocab: _sparse(rng, shape, vocab)  # noqa: E731
-    wide = lambda shape, vocab: _sparse(rng, shape, vocab, low=vocab // 2)  # noqa: E731
-    one_hot = lambda shape, vocab: _one_hot(rng, shape, vocab)  # noqa: E731
-    ties = lambda shape, vocab: _ties(rng, shape, vocab)  # noqa: E731
+    dense = lambda shape, vocab: rng.dirichlet(np.ones(vocab), size=shape)
+    sparse = lambda shape, vocab: _sparse(rng, shape, vocab)
+    wide = lambda shape, vocab: _sparse(rng, shape, vocab, low=vocab // 2)
+    one_hot = lambda shape, vocab: _one_hot(rng, shape, vocab)
+    ties = lambda shape, vocab: _ties(rng, shape, vocab)
     shared = rng.dirichlet(np.ones(v), size=(4, v))
     equal = TablePair("p = q (every draft accepted; the bonus row decides)",
                       _float32_laws(np.concatenate([shared, rng.dirichlet(np.ones(v), size=(1, v))])),
                       _float32_laws(shared))
     halves = rng.permutation(v)
-    on = lambda tokens: lambda shape, vocab: _on(rng, shape, vocab, tokens)  # noqa: E731
+    on = lambda tokens: lambda shape, vocab: _on(rng, shape, vocab, tokens)
     zipf_p, zipf_q = _zipf(rng, 4, 64), _zipf(rng, 3, 64)
     return [
         pair("dense laws", 3, dense, dense),
@@ -181,7 +184,7 @@ def run_design(sampler: Sampler, design: TablePair, samples: int, seed: int) -> 
                                                                                        str | None]:
     """``samples`` trials: the emitted tokens, the drafts, and the first exact failure (then it stops)."""
     rng = np.random.default_rng([52, seed, 1])
-    k, vocab = design.k, design.vocab
+    k = design.k
     drafts = np.zeros((samples, k), dtype=np.int64)
     prev = np.full(samples, PROMPT_TOKEN)
     for i in range(k):
