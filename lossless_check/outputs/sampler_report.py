@@ -26,7 +26,7 @@ def print_sampler(report: SamplerReport, console=None) -> None:
     for column in ("check", "laws", "expected", "sampler", "result"):
         table.add_column(column, overflow="fold")
     for c in report.premises + report.exact.checks:
-        mark = ("[green]pass[/]" if c.passed else "[yellow]not enumerable[/]" if c.observed == NOT_ENUMERABLE
+        mark = ("[green]pass[/]" if c.passed else "[yellow]not enumerable[/]" if c.observed.startswith(NOT_ENUMERABLE)
                 else "[bold red]FAIL[/]")
         table.add_row(*(escape(text) for text in (c.name, c.law.split(": given")[0], c.expected,
                                                   c.observed + (f" ({c.rate})" if c.rate else ""))), mark)

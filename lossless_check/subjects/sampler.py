@@ -157,6 +157,8 @@ class Sampler:
             done_name = next((name for name in DONE_PARAMETERS if name in self.parameters), None)
             if done_name is not None:
                 kwargs[done_name] = is_done
+            if "max_matches" in self.parameters:  # 4.37-4.38: the drafts the length limit lets the round accept
+                kwargs["max_matches"] = k
             for name, value in extra.items():
                 if name in self.parameters:
                     kwargs[name] = value

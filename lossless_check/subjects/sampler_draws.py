@@ -79,10 +79,7 @@ class Point:
     weights: tuple[Fraction, ...]
 
     def describe(self, index: int) -> str:
-        value = self.options[index]
-        if self.kind == UNIFORM:
-            return f"{self.where} -> {value!r}"
-        return f"{self.where} -> {value}"
+        return f"{self.where} -> {self.options[index]!r}"
 
 
 #: Why a sampler is untraceable when a path's draws differ between two runs.
@@ -98,14 +95,27 @@ class Path:
     prefix: tuple[int, ...]
     expected: tuple[Point, ...] = ()
     points: list[Point] = field(default_factory=list)
+    #: Values that replace the chosen option at these depths (a uniform moved off 0, see ``zeros_needed``).
+    values: dict[int, object] = field(default_factory=dict)
 
     def choose(self, point: Point) -> object:
         depth = len(self.points)
         self.points.append(point)
         if depth < len(self.expected) and point != self.expected[depth]:
             raise Untraceable(UNSEEN)
+        if depth in self.values:
+            return self.values[depth]
         index = self.prefix[depth] if depth < len(self.prefix) else 0
+        if index >= len(point.options):
+            if not self.values:  # the same choices met another draw: randomness the check does not see
+                raise Untraceable(UNSEEN)
+            index = 0  # a moved value changed the draws after it: the first option there
         return point.options[index]
+
+    def zeros(self) -> list[int]:
+        """The depths of the uniform draws this path gave exactly 0."""
+        return [d for d, (p, i) in enumerate(zip(self.points, self.choices))
+                if p.kind == UNIFORM and p.options[i] == 0.0 and d not in self.values]
 
     @property
     def choices(self) -> tuple[int, ...]:
@@ -285,6 +295,11 @@ class Leaf:
     path: Path
 
 
+def _tree_size(points: list[Point]) -> float:
+    """The paths of a tree whose every path met these choice points (a float: it may be astronomical)."""
+    return float(np.prod([float(len(p.options)) for p in points]))
+
+
 class Enumeration:
     """Every path of one call (``run(path)`` runs it under :func:`controlled`), and the law of its outcomes.
 
@@ -318,6 +333,8 @@ class Enumeration:
         if self.failure is not None:
             return {}
         points = leaf.path.points
+        if not prefix and _tree_size(points) > self.max_paths:  # seen on the first path: stop at once
+            raise Untraceable(f"its draws make about {_tree_size(points):.3g} paths (more than {self.max_paths})")
         if len(points) == len(prefix):
             return {leaf.emitted: Fraction(1)}
         point = points[len(prefix)]
