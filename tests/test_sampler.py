@@ -227,7 +227,7 @@ def test_lc_run_with_a_lossless_sampler():
 def test_run_puts_the_sampler_in_place_in_the_real_generate_loop_and_in_workers(tmp_path):
     """Generate mode: ``_assisted_decoding`` calls the module global, replaced for the case (in the worker
     processes too); restored after."""
-    import transformers.generation.utils as utils
+    from transformers.generation import utils
 
     installed = utils._speculative_sampling
     out = tmp_path / "run.json"
@@ -259,8 +259,8 @@ def test_the_plugin_asserts_a_sampler_lossless(pytester, monkeypatch):
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines([
         "*fixtures.user_samplers:bonus_from_q is not lossless (probs protocol): exact: *",
-        "*reproduce: lossless-check verifier --sampler fixtures.user_samplers:bonus_from_q --protocol probs "
-        "--samples 100 --alpha * --seed 0",
+        ("*reproduce: lossless-check verifier --sampler fixtures.user_samplers:bonus_from_q --protocol probs "
+         "--samples 100 --alpha * --seed 0"),
         "not_lossless fixtures.user_samplers:bonus_from_q sampler (probs protocol): exact check fails, *",
         "lossless     fixtures.user_samplers:loop sampler (probs protocol): exact check passes, n=100/pair  *",
     ])

@@ -186,7 +186,6 @@ def _check_paths(args) -> None:
 
 def _cases(args):
     from lossless_check.faces.api import cases_for
-
     from lossless_check.faces.sampler_command import loaded_sampler
 
     return cases_for(args.generator, args.warpers, args.matrix, args.mode, args.scenario, args.max_new_tokens,

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from lossless_check.subjects.sampler import Sampler, SamplerFailure, Untraceable
-from lossless_check.subjects.sampler_draws import CELLS, UNIFORM, UNSEEN, Enumeration, Leaf, Path, controlled, same_law
+from lossless_check.subjects.sampler_draws import CELLS, UNSEEN, Enumeration, Leaf, Path, controlled, same_law
 from lossless_check.subjects.verifier import VerifierCheck, uniform
 
 #: Laws per position, ``(p, q)``, and what each covers. Residuals and bonus laws have supports of 1, 2 or 4.
