@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from fixtures import user_samplers
+from fixtures.forced_draws import force_r_0_at_impossible_drafts
 from fixtures.releases import VERIFIER_ACCEPTS_AT_R_0, within
 from lossless_check.core.errors import UsageError
 from lossless_check.faces.api import check_sampler
@@ -221,6 +222,21 @@ def test_lc_run_with_a_lossless_sampler():
     assert (case.mode, case.sampler, case.verdict) == ("step", spec("loop"), "lossless")
     assert (row.generator, row.verdict, row.subject) == (spec("loop"), "lossless", True) and run.exit_code == 0
     assert case.alpha_case == 1e-6 / 2  # the sampler's row has a share of the family's alpha
+
+
+def test_a_sampler_accepting_an_impossible_draft_fails_the_case_it_ran_in(monkeypatch):
+    """With the installed verifier, an accepted draft of target probability 0 is set aside as the verifier's
+    doing (tests/test_attribution.py); with a sampler of the user's in its place, the run checks that sampler
+    end to end, so the same event is an exact failure of the case, blamed on the sampler."""
+    from lossless_check.faces.api import cases_for, run_cases
+
+    forced = force_r_0_at_impossible_drafts(monkeypatch, 3)
+    cases = cases_for(["AssistedCandidateGenerator"], "top_k=3", None, "step", "markov8",
+                      sampler=spec("fork_accepts_at_ratio"))
+    case = run_cases(cases, 300, 1e-6, 0).cases[0]
+    assert len(forced) == 3 and case.verdict == "not_lossless" and "support" in case.failed_checks
+    assert {e["cause"] for e in case.exact_failures} == {"sampler"}
+    assert case.exact_failures[0]["where"] == spec("fork_accepts_at_ratio") and case.verifier_set_aside == 3
 
 
 @pytest.mark.heavy

@@ -45,7 +45,7 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
               timeout: float = CHUNK_TIMEOUT, batch_size: int | None = None,
               samples_by_mode: dict[str, int] | None = None, journal=None, backend: str = "local",
               address: str | None = None, verifier: bool = False, verifier_gates: bool = False,
-              chunks=None, sampler=None) -> RunResult:
+              chunks=None) -> RunResult:
     """Run cases of any mode on one engine; the family-wise decision covers every statistical case.
 
     ``verifier``: add the exact check of the installed ``_speculative_sampling`` as the last row
@@ -53,9 +53,9 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
     that ``results[i]`` stays the result of ``cases[i]``). It is a subject of the run (it can make the
     run fail) only with ``verifier_gates``; otherwise it is reported beside the cases (``subject=False``).
 
-    ``sampler`` (a :class:`~lossless_check.subjects.sampler.Sampler`, the one the cases of :func:`cases_for`
-    carry): the last row is its own check (:func:`check_sampler`, in place of the installed verifier's row;
-    a subject, its statistical part in the run's Holm family).
+    Cases that carry a sampler (:func:`cases_for`'s ``sampler``): the last row is its own check
+    (:func:`check_sampler`, in place of the installed verifier's row; a subject, its statistical part in
+    the run's Holm family).
 
     ``samples_by_mode`` overrides ``samples`` for the cases of a mode (the gate runs the slower
     generate mode at fewer trials; each case states its own ``tv_detectable``).
@@ -78,8 +78,9 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
         with tempfile.TemporaryDirectory(prefix="lossless-chunks-") as kept:
             return run_cases(cases, samples, alpha, seed, workers, progress, sequential, timeout, batch_size,
                              samples_by_mode, journal, backend, address, verifier, verifier_gates,
-                             chunks=ChunkStore(kept), sampler=sampler)
+                             chunks=ChunkStore(kept))
     _check_processors(cases)
+    sampler = sampler_of(cases)
     statistical = [c.mode in STATISTICAL_MODES for c in cases]
     informative = evidence_plan(cases)
     tasks = [replace(c, mode="step") if c.mode == "all" else c for c in cases]
@@ -116,8 +117,7 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
         raise RunInterrupted(RunResult(partial, alpha, seed, samples, interrupted=True)) from None
     for case, result, positions in zip(tasks, results, informative):
         attach_plan(result, case, positions)
-        result.sampler = None if case.sampler is None else case.sampler.spec
-    own = [] if sampler is None else [_sampler_row(sampler, samples, alpha_case, seed, cases)]
+    own = [] if sampler is None else [_sampler_row(sampler, samples, alpha_case, seed, cases, results)]
     decide([r for r, s in zip(results, statistical) if s] + own, alpha)
     for case, task, result in zip(cases, tasks, results):
         if case.mode == "all":
@@ -133,11 +133,16 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
     return RunResult(results, alpha, seed, samples)
 
 
-def _sampler_row(sampler, samples: int, alpha_case: float, seed: int, cases: list[Case]) -> CaseResult:
-    from lossless_check.outputs.sampler_report import sampler_row
+def _sampler_row(sampler, samples: int, alpha_case: float, seed: int, cases: list[Case],
+                 results: list[CaseResult]) -> CaseResult:
+    """The row of a run's sampler; the cases it ran in say so, and blame it for what the verifier did."""
+    from lossless_check.outputs.sampler_report import blame_sampler, sampler_row
     from lossless_check.running.workers import one_thread
     from lossless_check.subjects.sampler_check import check_sampler as check
 
+    for case, result in zip(cases, results):
+        if case.sampler is not None:
+            blame_sampler(result, case.sampler.spec)
     with one_thread():
         report = check(sampler, samples=samples, alpha=alpha_case, seed=seed)
     return sampler_row(report, cases[0].scenario.name if cases else DEFAULT_SCENARIO)
@@ -322,7 +327,7 @@ def run(generators: Iterable[str] | str | None = None, warpers=None, matrix: str
     cases = cases_for(generators, warpers, matrix, mode, scenario, max_new_tokens, sampler)
     gates = generators is None if verifier_gates is None else verifier_gates
     return run_cases(cases, samples, alpha, seed, workers, progress, sequential, verifier=verifier,
-                     verifier_gates=gates, sampler=sampler_of(cases))
+                     verifier_gates=gates)
 
 
 def sampler_of(cases: list[Case]):

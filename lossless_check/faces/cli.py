@@ -193,7 +193,7 @@ def _cases(args):
 
 
 def _run(args) -> int:
-    from lossless_check.faces.api import RunInterrupted, run_cases, sampler_of
+    from lossless_check.faces.api import RunInterrupted, run_cases
     from lossless_check.modes.sample_size import samples_to_detect
     from lossless_check.outputs.report import print_table, write_json
     from lossless_check.running.journal import Journal, journal_for, run_identity
@@ -214,7 +214,7 @@ def _run(args) -> int:
             result = run_cases(cases, args.samples, args.alpha, args.seed, args.workers, advance, sequential,
                                args.timeout, args.batch_size, journal=journal, backend=args.backend,
                                address=args.address, verifier=not args.no_verifier,
-                               verifier_gates=args.verifier_gates or not args.generator, sampler=sampler_of(cases))
+                               verifier_gates=args.verifier_gates or not args.generator)
     except RunInterrupted as stopped:
         return _interrupted(stopped.partial, args.json, args.table)
     print_table(result, table=args.table)

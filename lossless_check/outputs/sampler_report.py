@@ -65,3 +65,18 @@ def sampler_row(report: SamplerReport, scenario: str) -> CaseResult:
     row.reason = (f"replaced the installed _speculative_sampling in every case of this run ({report.protocol} "
                   f"protocol); {report.reason}")
     return row
+
+
+def blame_sampler(result: CaseResult, sampler: str) -> None:
+    """A case that ran with ``sampler`` in place of the installed verifier: the trials where the verifier
+    accepted a draft of target probability 0 (set aside as the installed verifier's doing, see
+    :mod:`~lossless_check.evidence.attribution`) are the sampler's, and the sampler is what the run checks
+    end to end: they are an exact failure of the case, with cause ``sampler``."""
+    result.sampler = sampler
+    entries = [e for e in result.exact_failures if e["cause"] == "verifier"]
+    if not entries:
+        return
+    for entry in entries:
+        entry.update(cause="sampler", where=sampler, rule="accepted a draft of target probability 0")
+    result.exact_failure = True
+    result.failed_checks = sorted(set(result.failed_checks) | {"support"})
