@@ -46,7 +46,8 @@ def both_protocols(names) -> list[str]:
     return [spec(n) for n in names] + [spec(f"tf_{n}") for n in names]
 
 
-@pytest.mark.parametrize("sampler", both_protocols(user_samplers.BUGS) + [spec("fork_accepts_at_ratio")])
+@pytest.mark.parametrize("sampler", both_protocols(user_samplers.BUGS) + [spec("fork_accepts_at_ratio"),
+                                                                          spec("fork_ignores_is_done")])
 def test_every_bug_class_is_convicted(sampler):
     untraceable = sampler.endswith(UNTRACEABLE_BUG)
     report = check_sampler(sampler, samples=STATISTICAL if untraceable else FEW)

@@ -118,11 +118,11 @@ class Sampler:
     # -- calls as the checks make them ---------------------------------------------------------
 
     def emit(self, target_probs: torch.Tensor, draft_probs: torch.Tensor, drafts: list[int],
-             draft_dtype: torch.dtype = torch.float32) -> list[int]:
+             draft_dtype: torch.dtype = torch.float32, is_done: bool = False) -> list[int]:
         """One call on known laws: ``target_probs`` ``(k + 1, V)`` and ``draft_probs`` ``(k, V)`` (float32),
         the ``k`` drafts; the emitted token ids. A ``transformers``-protocol sampler gets their logs as
-        logits (``candidate_logits`` in ``draft_dtype``). Raises :class:`SamplerFailure` (one line) when
-        the call raises or returns something either protocol forbids."""
+        logits (``candidate_logits`` in ``draft_dtype``), and ``is_done`` (see :meth:`verify`). Raises
+        :class:`SamplerFailure` (one line) when the call raises or returns something either protocol forbids."""
         k = len(drafts)
         if self.protocol == "probs":
             out = self._call(draft_probs.clone(), torch.tensor(drafts, dtype=torch.long), target_probs.clone())
@@ -130,7 +130,7 @@ class Sampler:
         with torch.no_grad():
             candidate_ids = torch.tensor([list(PROMPT) + list(drafts)], dtype=torch.long)
             valid, _ = self.verify(candidate_ids, torch.log(draft_probs)[None].to(draft_dtype), k,
-                                   torch.log(target_probs)[None])
+                                   torch.log(target_probs)[None], is_done)
         return valid[0].tolist()
 
     def verify(self, candidate_input_ids, candidate_logits, candidate_length, new_logits, is_done=False, **extra):

@@ -42,7 +42,7 @@ from fractions import Fraction
 import numpy as np
 import torch
 
-from lossless_check.subjects.sampler import Sampler, SamplerFailure, Untraceable
+from lossless_check.subjects.sampler import DONE_PARAMETERS, Sampler, SamplerFailure, Untraceable
 from lossless_check.subjects.sampler_draws import CELLS, UNSEEN, Enumeration, Leaf, Path, controlled, same_law
 from lossless_check.subjects.verifier import VerifierCheck, uniform
 
@@ -64,6 +64,8 @@ class Design:
     p: tuple[np.ndarray, ...]
     q: tuple[np.ndarray, ...]
     draft_dtype: torch.dtype = torch.float32
+    #: ``is_done_candidate`` (releases up to 5.17: the candidate hit a stop): a full accept emits no bonus.
+    is_done: bool = False
 
     @property
     def k(self) -> int:
@@ -71,8 +73,9 @@ class Design:
 
 
 def _design(name: str, positions: list[tuple[np.ndarray, np.ndarray]], bonus: np.ndarray,
-            draft_dtype: torch.dtype = torch.float32) -> Design:
-    return Design(name, tuple(p for p, _ in positions) + (bonus,), tuple(q for _, q in positions), draft_dtype)
+            draft_dtype: torch.dtype = torch.float32, is_done: bool = False) -> Design:
+    return Design(name, tuple(p for p, _ in positions) + (bonus,), tuple(q for _, q in positions), draft_dtype,
+                  is_done)
 
 
 BONUS_PAIR, BONUS_POINT, BONUS_FOUR = uniform(5, 6), uniform(7), uniform(0, 1, 2, 3)
@@ -89,6 +92,9 @@ DESIGNS = (
 #: The first design again with ``candidate_logits`` in half precision (the transformers protocol only).
 HALF_PRECISION = tuple(_design(f"{DESIGNS[0].name} ({str(dtype).removeprefix('torch.')} q)",
                                [HALF, ZERO], BONUS_PAIR, dtype) for dtype in (torch.bfloat16, torch.float16))
+#: For a transformers-protocol sampler that takes ``is_done_candidate``: the first design with it set.
+IS_DONE = (_design(f"{DESIGNS[0].name} (is_done_candidate: no bonus token)", [HALF, ZERO], BONUS_PAIR,
+                   is_done=True),)
 LAW = ("given the accepted drafts before it, each emitted token follows p_j (drafts enumerated over q); "
        "Algorithm 1: accept iff r < p/q, residual normalize(max(p-q,0)), bonus from p_{k+1}")
 ZERO_RATE = "2^-24 = 5.96e-08 per draw of a float32 torch.rand (the probability of that value)"
@@ -114,6 +120,9 @@ def algorithm_1(design: Design, drafts: tuple[int, ...]) -> dict[tuple[int, ...]
         reach *= accept
         if not reach:
             return law
+    if design.is_done:  # a full accept ends the round: no bonus token
+        law[drafts] = reach
+        return law
     for x, m in enumerate(_fractions(design.p[-1])):
         if m:
             law[drafts + (x,)] = reach * m
@@ -153,9 +162,12 @@ class _Run:
         self.patches.path = path
         try:
             with torch.no_grad():
-                emitted = self.sampler.emit(self.p, self.q, list(self.drafts), self.design.draft_dtype)
+                emitted = self.sampler.emit(self.p, self.q, list(self.drafts), self.design.draft_dtype,
+                                            self.design.is_done)
         except SamplerFailure as exc:
             return Leaf(None, str(exc), path)
+        if self.design.is_done and len(emitted) > len(self.drafts):
+            return Leaf(None, f"emits {emitted}: a bonus token after a full accept, with is_done_candidate", path)
         return Leaf(tuple(emitted), None, path)
 
 
@@ -363,8 +375,10 @@ class ExactOutcome:
 
 
 def designs_for(sampler: Sampler) -> tuple[Design, ...]:
-    """The designs a sampler of this protocol gets (half-precision ``candidate_logits`` need logits)."""
-    return DESIGNS + (HALF_PRECISION if sampler.protocol == "transformers" else ())
+    """The designs a sampler of this protocol gets (half-precision ``candidate_logits`` need logits; the
+    ``is_done_candidate`` design, a sampler that takes it)."""
+    done = IS_DONE if sampler.parameters & set(DONE_PARAMETERS) else ()
+    return DESIGNS + (HALF_PRECISION + done if sampler.protocol == "transformers" else ())
 
 
 def exact_check(sampler: Sampler) -> ExactOutcome:
