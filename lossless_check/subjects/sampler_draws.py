@@ -37,8 +37,9 @@ from lossless_check.subjects.sampler import Untraceable
 #: Cells of ``[0, 1)`` a uniform draw is enumerated over. Algorithm 1's thresholds in the designs are
 #: multiples of ``1 / CELLS``, so its decisions are constant on each cell.
 CELLS = 4
-#: Most paths (sampler calls) one enumeration may take before the sampler counts as untraceable.
-MAX_PATHS = 20_000
+#: Most paths (sampler calls) one enumeration (one draft tuple of a design) may take before the sampler
+#: counts as untraceable: ``k + 1`` uniforms and a categorical draw over 4 tokens take 2,048 at k = 2.
+MAX_PATHS = 5_000
 #: How far two probabilities of an emitted law may differ and still count as equal: the float32 rounding
 #: of the sampler's own arithmetic on the laws it hands torch. Normalising a law whose entries are not
 #: dyadic fractions (a residual of mass 3/4, say) rounds each entry by up to 2^-24 relatively and their

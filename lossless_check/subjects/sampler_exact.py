@@ -374,6 +374,11 @@ class ExactOutcome:
         return self.untraceable is None
 
 
+#: Most paths the designs together may take (about a minute of calls on 2 cores) before the rest are
+#: left to the statistical check.
+MAX_TOTAL_PATHS = 100_000
+
+
 def designs_for(sampler: Sampler) -> tuple[Design, ...]:
     """The designs a sampler of this protocol gets (half-precision ``candidate_logits`` need logits; the
     ``is_done_candidate`` design, a sampler that takes it)."""
@@ -387,6 +392,10 @@ def exact_check(sampler: Sampler) -> ExactOutcome:
     they rest on gave the same outcome again)."""
     checks, untraceable, paths, algorithm = [], None, 0, True
     for design in designs_for(sampler):
+        if paths > MAX_TOTAL_PATHS:
+            untraceable = untraceable or f"its draws make more than {MAX_TOTAL_PATHS} paths over the designs"
+            checks.append(_check(design, "", NOT_ENUMERABLE, False))
+            continue
         outcome = check_design(sampler, design)
         paths += outcome.paths
         if outcome.untraceable is not None:
