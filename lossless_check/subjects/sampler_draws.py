@@ -261,6 +261,32 @@ def _same_states(before, after) -> bool:
             and before[3] == after[3])
 
 
+def _private_generator_states() -> list[tuple[object, object]]:
+    """Every numpy and Python random generator alive (found through the garbage collector: about a second
+    with torch and transformers loaded, so only where a law failure is confirmed), with its state."""
+    import gc
+
+    states = []
+    for o in gc.get_objects():
+        kind = type(o)  # not isinstance: some objects' classes answer it with warnings
+        if issubclass(kind, np.random.Generator):
+            states.append((o, repr(o.bit_generator.state)))
+        elif issubclass(kind, np.random.RandomState):
+            states.append((o, repr(o.get_state())))
+        elif issubclass(kind, random.Random) and not issubclass(kind, random.SystemRandom):  # no state there
+            states.append((o, o.getstate()))
+    return states
+
+
+def private_generators_moved(run) -> bool:
+    """Whether a numpy or Python generator alive before ``run()`` (a private one of the sampler's: the
+    global ones are checked on every enumeration) moved while it ran."""
+    before = _private_generator_states()
+    run()
+    after = {id(o): state for o, state in _private_generator_states()}
+    return any(after.get(id(o), state) != state for o, state in before)
+
+
 @contextmanager
 def controlled():
     """While active, torch's sampling primitives follow the path set as ``.path`` on the yielded object

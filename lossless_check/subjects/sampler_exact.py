@@ -43,7 +43,16 @@ import numpy as np
 import torch
 
 from lossless_check.subjects.sampler import DONE_PARAMETERS, Sampler, SamplerFailure, Untraceable
-from lossless_check.subjects.sampler_draws import CELLS, UNSEEN, Enumeration, Leaf, Path, controlled, same_law
+from lossless_check.subjects.sampler_draws import (
+    CELLS,
+    UNSEEN,
+    Enumeration,
+    Leaf,
+    Path,
+    controlled,
+    private_generators_moved,
+    same_law,
+)
 from lossless_check.subjects.verifier import VerifierCheck, uniform
 
 #: Laws per position, ``(p, q)``, and what each covers. Residuals and bonus laws have supports of 1, 2 or 4.
@@ -335,24 +344,37 @@ def _step(point) -> float:
 #: Times every path of a design is run again before a law failure there is reported: randomness the
 #: controlled primitives and the global-state check do not see (a private numpy or Python generator)
 #: changes a fixed path's draws or outcome between runs. A path whose outcome is a coin with odds
-#: a : 1 - a repeats it on every rerun with probability at most max(a, 1 - a)^RERUNS.
-RERUNS = 4
+#: a : 1 - a repeats it on every rerun with probability at most max(a, 1 - a)^RERUNS, and a design has
+#: tens to hundreds of paths.
+RERUNS = 2
 
 
 def _unseen_randomness(sampler: Sampler, design: Design, runs: dict[tuple[int, ...], Enumeration]) -> str | None:
-    """Before a law failure is reported, every path of the design is run :data:`RERUNS` times more: ``None`` if
-    each gives the same draws and outcome again, else why the check is void."""
-    try:
-        for drafts, enumeration in runs.items():
-            with controlled() as patches:
-                run = _Run(sampler, design, drafts, patches)
-                for leaf in enumeration.leaves * RERUNS:
-                    again = run(Path(leaf.path.choices, tuple(leaf.path.points)))
-                    if again.emitted != leaf.emitted or len(again.path.points) != len(leaf.path.points):
-                        return UNSEEN
-    except Untraceable as exc:
-        return str(exc)
-    return None
+    """Before a law failure is reported, every path of the design is run :data:`RERUNS` times more, watching
+    every numpy and Python generator alive: ``None`` if each path gives the same draws and outcome again and
+    no private generator moved, else why the check is void. (A generator the sampler makes afresh in each
+    call from the system's entropy is seen only through the reruns' outcomes.)"""
+    varied: list[str] = []
+
+    def rerun() -> None:
+        try:
+            for drafts, enumeration in runs.items():
+                with controlled() as patches:
+                    run = _Run(sampler, design, drafts, patches)
+                    for leaf in enumeration.leaves * RERUNS:
+                        again = run(Path(leaf.path.choices, tuple(leaf.path.points)))
+                        if again.emitted != leaf.emitted or len(again.path.points) != len(leaf.path.points):
+                            varied.append(UNSEEN)
+                            return
+        except Untraceable as exc:
+            varied.append(str(exc))
+
+    if private_generators_moved(rerun):
+        return PRIVATE
+    return varied[0] if varied else None
+
+
+PRIVATE = "it draws from a private numpy or Python generator, which the check does not control"
 
 
 @dataclass
