@@ -141,7 +141,8 @@ class _Patches:
         if not dtype.is_floating_point:
             raise Untraceable(f"{where} in {dtype}")
         values = uniform_values(dtype)
-        weights = tuple(Fraction(1, 2 * CELLS) for _ in values)  # each end stands for half its cell
+        # A cell's left end carries the cell's weight; its right end must give the same law (Enumeration).
+        weights = (Fraction(1, CELLS), Fraction(0)) * CELLS
         n = int(np.prod(shape)) if len(shape) else 1
         drawn = [self.path.choose(Point(UNIFORM, f"{where}[{i}]", tuple(values), weights)) for i in range(n)]
         return torch.tensor(drawn, dtype=dtype).reshape(shape)
@@ -376,11 +377,8 @@ class Enumeration:
                 if not same_law(left, right) and self.inside_cell is None:
                     self.inside_cell = (self._witness(prefix + (2 * c,)), self._witness(prefix + (2 * c + 1,)),
                                         left, right)
-                for emitted, w in left.items():
-                    law[emitted] = law.get(emitted, Fraction(0)) + w / CELLS
-            return law
         for child, weight in zip(children, point.weights):
-            for emitted, w in child.items():
+            for emitted, w in (child.items() if weight else ()):
                 law[emitted] = law.get(emitted, Fraction(0)) + w * weight
         return law
 
