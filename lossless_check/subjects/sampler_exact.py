@@ -13,8 +13,8 @@ drafts (accept ``d_i`` with probability ``min(1, p_i/q_i)``, at the first reject
 design states; a sampler that emits the target's law with a different acceptance law (fewer accepts,
 a different residual to match) is lossless, and the report says it accepts differently.
 
-**Why a finite enumeration is the exact law.** Every design is built from laws uniform on 1, 2 or 4 of 8
-tokens (logits 0 and ``-inf``: every softmax, ratio and residual is exact in float32, bfloat16 and
+**Why a finite enumeration is the exact law.** Every design (:mod:`.sampler_designs`) is built from laws
+uniform on 1, 2 or 4 of 8 tokens (logits 0 and ``-inf``: every softmax, ratio and residual is exact in float32, bfloat16 and
 float16), so every probability, every ratio ``p/q`` a draft can have (0, 1/2, 1, 2) and every
 cumulative sum of a residual or bonus law, in any token order, is a multiple of ``1/4``. Algorithm 1's
 decisions, and an inverse-CDF draw's token, are then constant on each cell ``[c/4, (c + 1)/4)`` of a
@@ -28,9 +28,11 @@ their own probabilities.
 
 **Exact failures** (a single path shows them, whatever else the sampler draws): a token of target
 probability 0 emitted (e.g. ``r = 0`` accepting a draft with ``p = 0``: probability ``2^-24`` per such
-draft on float32 CPU), a call that raises on a valid input, a malformed return. A sampler whose draws the
-check cannot enumerate (:class:`~.sampler.Untraceable`) gets no exact verdict: it is checked
-statistically (:mod:`.sampler_statistical`); exact failures seen on the way still stand.
+draft on float32 CPU; the draws of exactly 0 a failing path needs are found by moving each off 0, and
+one needed convicts at rate ``2^-24``, two or more at once, ``2^-48`` or less, are said but do not),
+a call that raises on a valid input, a malformed return. A sampler whose draws the check cannot
+enumerate (:class:`~.sampler.Untraceable`) gets no exact verdict: it is checked statistically
+(:mod:`.sampler_statistical`); exact failures seen on the way still stand.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ from fractions import Fraction
 import numpy as np
 import torch
 
-from lossless_check.subjects.sampler import DONE_PARAMETERS, Sampler, SamplerFailure, Untraceable
+from lossless_check.subjects.sampler import Sampler, SamplerFailure, Untraceable
+from lossless_check.subjects.sampler_designs import Design, algorithm_1, design_text, designs_for, fractions, law_text
 from lossless_check.subjects.sampler_draws import (
     CELLS,
     UNSEEN,
@@ -53,100 +56,11 @@ from lossless_check.subjects.sampler_draws import (
     private_generators_moved,
     same_law,
 )
-from lossless_check.subjects.verifier import VerifierCheck, uniform
+from lossless_check.subjects.verifier import VerifierCheck
 
-#: Laws per position, ``(p, q)``, and what each covers. Residuals and bonus laws have supports of 1, 2 or 4.
-HALF = (uniform(0, 1, 2, 3), uniform(0, 1))  # ratio 1/2 (ties); residual 1/2 on {2, 3}
-ZERO = (uniform(0, 1), uniform(1, 2))  # draft 2 has p = 0, draft 1 ratio 1; residual a point mass on 0
-GREEDY = (uniform(0, 1), uniform(0))  # a point-mass q (an argmax drafter): ratio 1/2; residual a point mass
-POINT = (uniform(3), uniform(2, 3))  # a point-mass p: draft 3 ratio 2, draft 2 p = 0
-EQUAL = (uniform(6, 7), uniform(6, 7))  # p = q: always accepted; the all-zero residual is never formed
-WIDER = (uniform(0, 1), uniform(0, 1, 2, 3))  # p > q on 0, 1 (ratio 2); 2, 3 have p = 0; residual on {0, 1}
-DISJOINT = (uniform(4, 5), uniform(0, 1))  # every draft has p = 0: always rejected, the residual is p itself
-
-
-@dataclass(frozen=True)
-class Design:
-    """Target rows ``p`` (``k + 1``), draft rows ``q`` (``k``), and ``candidate_logits``' dtype."""
-
-    name: str
-    p: tuple[np.ndarray, ...]
-    q: tuple[np.ndarray, ...]
-    draft_dtype: torch.dtype = torch.float32
-    #: ``is_done_candidate`` (releases up to 5.17: the candidate hit a stop): a full accept emits no bonus.
-    is_done: bool = False
-
-    @property
-    def k(self) -> int:
-        return len(self.q)
-
-
-def _design(name: str, positions: list[tuple[np.ndarray, np.ndarray]], bonus: np.ndarray,
-            draft_dtype: torch.dtype = torch.float32, is_done: bool = False) -> Design:
-    return Design(name, tuple(p for p, _ in positions) + (bonus,), tuple(q for _, q in positions), draft_dtype,
-                  is_done)
-
-
-BONUS_PAIR, BONUS_POINT, BONUS_FOUR = uniform(5, 6), uniform(7), uniform(0, 1, 2, 3)
-DESIGNS = (
-    _design("ratio 1/2, then a draft of p = 0 at position 2", [HALF, ZERO], BONUS_PAIR),
-    _design("ratio 1/2 at both positions (two acceptances by chance)", [HALF, HALF], BONUS_POINT),
-    _design("a draft of p = 0 at position 1, then ratio 1/2", [ZERO, HALF], BONUS_POINT),
-    _design("point-mass q (an argmax drafter), then point-mass p", [GREEDY, POINT], BONUS_FOUR),
-    _design("p = q at both positions (never rejects)", [EQUAL, EQUAL], BONUS_PAIR),
-    _design("p > q on q's support, then a point-mass q", [WIDER, GREEDY], BONUS_POINT),
-    _design("disjoint supports (always rejects), then p = q", [DISJOINT, EQUAL], BONUS_PAIR),
-    _design("one draft, ratio 1/2", [HALF], BONUS_FOUR),
-)
-#: The first design again with ``candidate_logits`` in half precision (the transformers protocol only).
-HALF_PRECISION = tuple(_design(f"{DESIGNS[0].name} ({str(dtype).removeprefix('torch.')} q)",
-                               [HALF, ZERO], BONUS_PAIR, dtype) for dtype in (torch.bfloat16, torch.float16))
-#: For a transformers-protocol sampler that takes ``is_done_candidate``: the first design with it set.
-IS_DONE = (_design(f"{DESIGNS[0].name} (is_done_candidate: no bonus token)", [HALF, ZERO], BONUS_PAIR,
-                   is_done=True),)
 LAW = ("given the accepted drafts before it, each emitted token follows p_j (drafts enumerated over q); "
        "Algorithm 1: accept iff r < p/q, residual normalize(max(p-q,0)), bonus from p_{k+1}")
 ZERO_RATE = "2^-24 = 5.96e-08 per draw of a float32 torch.rand (the probability of that value)"
-
-
-def _fractions(law: np.ndarray) -> list[Fraction]:
-    return [Fraction(float(v)) for v in law]
-
-
-def algorithm_1(design: Design, drafts: tuple[int, ...]) -> dict[tuple[int, ...], Fraction]:
-    """The law Algorithm 1 emits for these drafts, exactly."""
-    law: dict[tuple[int, ...], Fraction] = {}
-    reach = Fraction(1)
-    for i, d in enumerate(drafts):
-        p, q = _fractions(design.p[i]), _fractions(design.q[i])
-        accept = min(Fraction(1), p[d] / q[d])
-        if accept < 1:
-            mass = [max(a - b, Fraction(0)) for a, b in zip(p, q)]
-            total = sum(mass)
-            for x, m in enumerate(mass):
-                if m:
-                    law[drafts[:i] + (x,)] = reach * (1 - accept) * m / total
-        reach *= accept
-        if not reach:
-            return law
-    if design.is_done:  # a full accept ends the round: no bonus token
-        law[drafts] = reach
-        return law
-    for x, m in enumerate(_fractions(design.p[-1])):
-        if m:
-            law[drafts + (x,)] = reach * m
-    return law
-
-
-def _law_text(row: np.ndarray) -> str:
-    support = np.flatnonzero(row > 0).tolist()
-    return f"1/{len(support)} on {set(support)}" if len(support) > 1 else f"point mass {support[0]}"
-
-
-def design_text(design: Design) -> str:
-    """The design's laws, position by position."""
-    parts = [f"p{i + 1} {_law_text(p)}, q{i + 1} {_law_text(q)}" for i, (p, q) in enumerate(zip(design.p, design.q))]
-    return "; ".join(parts + [f"bonus p{design.k + 1} {_law_text(design.p[-1])}"])
 
 
 @dataclass
@@ -195,7 +109,7 @@ def position_failures(design: Design, joint: dict[tuple[tuple[int, ...], tuple[i
     token there must be ``p_j`` (up to :data:`~.sampler_draws.ROUNDING`)."""
     failures = []
     for j in range(design.k + 1):
-        expected = {x: m for x, m in enumerate(_fractions(design.p[j])) if m}
+        expected = {x: m for x, m in enumerate(fractions(design.p[j])) if m}
         for prefix in sorted({drafts[:j] for drafts, _ in joint}):
             reach = Fraction(0)
             tokens: dict[int, Fraction] = {}
@@ -271,7 +185,7 @@ def check_design(sampler: Sampler, design: Design) -> DesignOutcome:
         return DesignOutcome(_check(design, f"drafts {list(drafts)}: {_text(algorithm)}", observed, False),
                              paths=paths, untraceable=_unseen_randomness(sampler, design, runs))
     failures = position_failures(design, joint)
-    expected_text = "; ".join(f"position {j + 1}: {_law_text(design.p[j])}" for j in range(design.k + 1))
+    expected_text = "; ".join(f"position {j + 1}: {law_text(design.p[j])}" for j in range(design.k + 1))
     if failures:
         return DesignOutcome(_check(design, expected_text, "; ".join(failures[:2]), False), paths=paths,
                              untraceable=_unseen_randomness(sampler, design, runs))
@@ -399,13 +313,6 @@ class ExactOutcome:
 #: Most paths the designs together may take (about a minute of calls on 2 cores) before the rest are
 #: left to the statistical check.
 MAX_TOTAL_PATHS = 100_000
-
-
-def designs_for(sampler: Sampler) -> tuple[Design, ...]:
-    """The designs a sampler of this protocol gets (half-precision ``candidate_logits`` need logits; the
-    ``is_done_candidate`` design, a sampler that takes it)."""
-    done = IS_DONE if sampler.parameters & set(DONE_PARAMETERS) else ()
-    return DESIGNS + (HALF_PRECISION + done if sampler.protocol == "transformers" else ())
 
 
 def exact_check(sampler: Sampler) -> ExactOutcome:
