@@ -7,6 +7,7 @@ The public API (everything else is internal)::
     result = lc.check("DFlashTokenCandidateGenerator", warpers="top_k=3")   # -> CaseResult
     run = lc.run(["AssistedCandidateGenerator"], matrix="smoke")           # -> RunResult
     lc.fuzz("DFlashTokenCandidateGenerator")                               # -> FuzzResult
+    lc.check_sampler("my_engine.sampling:rejection_sample")                # -> SamplerReport
     lc.strategies.warper_stacks()                                          # hypothesis strategies
 
 Importing this package is cheap; torch and transformers load when a check runs.
@@ -18,12 +19,15 @@ tests/test_layers.py keeps it so.
 """
 
 __version__ = "0.1.0"
-__all__ = ["CaseResult", "FuzzResult", "ModelsResult", "RunResult", "check", "check_models", "fuzz", "run", "strategies"]
+__all__ = ["CaseResult", "FuzzResult", "ModelsResult", "RunResult", "SamplerReport", "check", "check_models",
+           "check_sampler", "fuzz", "run", "strategies"]
 
 _EXPORTS = {"check": ("faces.api", "check"), "run": ("faces.api", "run"),
             "CaseResult": ("evidence.results", "CaseResult"), "RunResult": ("evidence.results", "RunResult"),
             "fuzz": ("faces.fuzzing", "fuzz"), "FuzzResult": ("faces.fuzzing", "FuzzResult"),
-            "check_models": ("faces.models", "check_models"), "ModelsResult": ("faces.models", "ModelsResult")}
+            "check_models": ("faces.models", "check_models"), "ModelsResult": ("faces.models", "ModelsResult"),
+            "check_sampler": ("faces.api", "check_sampler"),
+            "SamplerReport": ("subjects.sampler_check", "SamplerReport")}
 
 
 def __getattr__(name: str):

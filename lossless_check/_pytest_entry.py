@@ -127,12 +127,15 @@ def pytest_testnodedown(node, error) -> None:
 
 
 def _summary_line(r: dict) -> str:
-    """One check of the terminal summary (after its verdict): a step case, or a fuzz search."""
+    """One check of the terminal summary (after its verdict): a step case, a fuzz search, a model pair, a sampler."""
     alpha = f"alpha {_fmt(r['alpha_case'], '.2g')}  {r['test']}"
     if r["mode"] == "fuzz":
         found = f"minimal failing stack [{r['warpers']}]" if r["warpers"] is not None else "no failing stack"
         return (f"{r['generator']} fuzz {r['scenario']}: {r['stacks_checked']} stacks, "
                 f"{r['statistical_tests']} statistical tests, {found}  n={r['samples']}/stack  {alpha}")
+    if r["mode"] == "sampler":
+        return (f"{r['generator']} sampler ({r['protocol']} protocol): exact check {r['exact']}, "
+                f"n={r['samples']}/pair  p={_fmt(r['p_value'], '.2g')}  {alpha}")
     if r["mode"] == "models":
         greedy = r["greedy"]
         greedy = f"{greedy['differ']}/{greedy['comparisons']} greedy outputs differ" if greedy else "no greedy check"

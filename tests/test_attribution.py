@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
+from fixtures.forced_draws import force_r_0_at_impossible_drafts
 from fixtures.releases import (
     ASSISTED_DRAFTS_GREEDILY,
     DFLASH,
@@ -36,19 +36,7 @@ pytestmark = pytest.mark.skipif(within(ASSISTED_DRAFTS_GREEDILY), reason="the bu
 @pytest.fixture
 def r_zero_at_impossible_drafts(monkeypatch):
     """``r = 0`` wherever the verifier's first ratio is 0 (a first draft with p = 0), ``FORCED`` times."""
-    real = torch.rand_like
-    forced = []
-
-    def rand_like(ratio, *args, **kwargs):
-        r = real(ratio, *args, **kwargs)
-        if len(forced) < FORCED and ratio.dim() == 1 and ratio.dtype == torch.float32 and float(ratio[0]) == 0.0:
-            forced.append(1)
-            r = r.clone()
-            r[0] = 0.0
-        return r
-
-    monkeypatch.setattr(torch, "rand_like", rand_like)
-    return forced
+    return force_r_0_at_impossible_drafts(monkeypatch, FORCED)
 
 
 def _assisted_top_k3(samples=1000, batch_size=None):

@@ -40,7 +40,9 @@ class Case:
     """One generator under one warper stack in one mode, on one scenario.
 
     ``generator`` is a :class:`~lossless_check.subjects.adapters.ResolvedGenerator`; ``max_new_tokens`` is
-    the number of tokens each ``generate()`` call emits in generate mode (unused elsewhere).
+    the number of tokens each ``generate()`` call emits in generate mode (unused elsewhere); ``sampler``
+    (a :class:`~lossless_check.subjects.sampler.Sampler`) runs in place of the installed
+    ``_speculative_sampling`` (``run --sampler``; ``None``: the installed one).
     """
 
     generator: Any
@@ -48,6 +50,7 @@ class Case:
     mode: str = "step"
     scenario: Scenario = DEFAULT
     max_new_tokens: int = 4
+    sampler: Any = None
 
     @property
     def warper_spec(self) -> str:
@@ -57,7 +60,8 @@ class Case:
     def key(self) -> str:
         """Identity of the case in seeds and caches: a function of what it checks, nothing else."""
         key = f"{self.generator.spec}|{self.warper_spec}|{self.mode}|{self.scenario.name}"
-        return key + (f"|K={self.max_new_tokens}" if self.mode == "generate" else "")
+        key += f"|K={self.max_new_tokens}" if self.mode == "generate" else ""
+        return key + (f"|sampler={self.sampler.spec}" if self.sampler is not None else "")
 
     def result(self, **fields) -> "CaseResult":
         """An empty result row for this case."""
@@ -123,6 +127,8 @@ class CaseResult:
     subject: bool = True
     # Greedy mode: what was compared with plain greedy decoding, what the loop did, the first difference.
     greedy_equivalence: dict | None = None
+    # The user's sampler (module:function) that replaced the installed _speculative_sampling (run --sampler).
+    sampler: str | None = None
     # The run's bar (decide()): a statistical case reads lossless only if it states power at or below it.
     max_detectable_tv: float | None = None
 

@@ -53,6 +53,10 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
     that ``results[i]`` stays the result of ``cases[i]``). It is a subject of the run (it can make the
     run fail) only with ``verifier_gates``; otherwise it is reported beside the cases (``subject=False``).
 
+    Cases that carry a sampler (:func:`cases_for`'s ``sampler``): the last row is its own check
+    (:func:`check_sampler`, in place of the installed verifier's row; a subject, its statistical part in
+    the run's Holm family).
+
     ``samples_by_mode`` overrides ``samples`` for the cases of a mode (the gate runs the slower
     generate mode at fewer trials; each case states its own ``tv_detectable``). A case that rejects nothing
     but could not have seen a departure of TV ``max_detectable_tv`` is ``inconclusive``, not ``lossless``
@@ -78,6 +82,7 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
                              samples_by_mode, journal, backend, address, verifier, verifier_gates,
                              chunks=ChunkStore(kept), max_detectable_tv=max_detectable_tv)
     _check_processors(cases)
+    sampler = sampler_of(cases)
     statistical = [c.mode in STATISTICAL_MODES for c in cases]
     informative = evidence_plan(cases)
     tasks = [replace(c, mode="step") if c.mode == "all" else c for c in cases]
@@ -98,7 +103,8 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
             # error before its trials (modes.skip_reason: its probes take seconds, while the workers start),
             # nor one vacuous by the exact laws (it still runs, for its exact checks; decide() gives it no share).
             alpha_case = alpha / max(1, sum(s and i != [] and skip_reason(c, timeout) is None
-                                            for c, s, i in zip(cases, statistical, informative)))
+                                            for c, s, i in zip(cases, statistical, informative))
+                                     + (sampler is not None))
             engine.map(run_case, [(tasks[i], planned[i], seed, alpha_case, sequential, timeout, batch_size, chunks)
                                   for i in todo], progress,
                        cost=[_work_estimate(tasks[i], planned[i]) for i in todo], finished=finished,
@@ -113,17 +119,35 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
         raise RunInterrupted(RunResult(partial, alpha, seed, samples, interrupted=True)) from None
     for case, result, positions in zip(tasks, results, informative):
         attach_plan(result, case, positions)
-    decide([r for r, s in zip(results, statistical) if s], alpha, max_detectable_tv)
+    own = [] if sampler is None else [_sampler_row(sampler, samples, alpha_case, seed, cases, results)]
+    decide([r for r, s in zip(results, statistical) if s] + own, alpha, max_detectable_tv)
     for case, task, result in zip(cases, tasks, results):
         if case.mode == "all":
             from lossless_check.modes.provenance import attach_provenance
 
             attach_provenance(result, task, seed)
-    if verifier:
+    if own:
+        results += own
+    elif verifier:
         from lossless_check.outputs.verifier_report import verifier_row
 
         results.append(verifier_row(cases[0].scenario.name if cases else DEFAULT_SCENARIO, subject=verifier_gates))
     return RunResult(results, alpha, seed, samples)
+
+
+def _sampler_row(sampler, samples: int, alpha_case: float, seed: int, cases: list[Case],
+                 results: list[CaseResult]) -> CaseResult:
+    """The row of a run's sampler; the cases it ran in say so, and blame it for what the verifier did."""
+    from lossless_check.outputs.sampler_report import blame_sampler, sampler_row
+    from lossless_check.running.workers import one_thread
+    from lossless_check.subjects.sampler_check import check_sampler as check
+
+    for case, result in zip(cases, results):
+        if case.sampler is not None:
+            blame_sampler(result, case.sampler.spec)
+    with one_thread():
+        report = check(sampler, samples=samples, alpha=alpha_case, seed=seed)
+    return sampler_row(report, cases[0].scenario.name if cases else DEFAULT_SCENARIO)
 
 
 #: Rough trials per second of one core, by mode, at a small vocabulary (measured on 5.24); a case
@@ -201,15 +225,28 @@ def _stacks(warpers) -> list[dict[str, Any]]:
 
 
 def cases_for(generators: Iterable[str] | str | None = None, warpers=None, matrix: str | None = None,
-              mode: str = "step", scenario: str | None = None, max_new_tokens: int = 4) -> list[Case]:
+              mode: str = "step", scenario: str | None = None, max_new_tokens: int = 4,
+              sampler=None) -> list[Case]:
     """The cases of a run: every generator x warper stack (``--warpers`` stacks, then the matrix's).
 
     ``scenario=None``: the stacks run on :data:`DEFAULT_SCENARIO`, and a ``default`` or ``full``
     matrix adds its real-world slices (:func:`~lossless_check.laws.matrix.real_world_slices`) in the
     run's step-side mode; a named scenario runs every stack there and nothing else. Greedy rows
     (:func:`greedy_cases`): ``mode="greedy"`` runs only them; a step or all run over the whole install
-    (``generators=None``: the main job) adds them.
+    (``generators=None``: the main job) adds them. ``sampler`` (``module:function``, a function or a
+    :class:`~lossless_check.subjects.sampler.Sampler`) runs in place of the installed ``_speculative_sampling``
+    in the cases that call it (step, generate; greedy and provenance cases never do).
     """
+    cases = _cases(generators, warpers, matrix, mode, scenario, max_new_tokens)
+    if sampler is None:
+        return cases
+    from lossless_check.subjects.sampler import load_sampler
+
+    sampler = load_sampler(sampler)
+    return [replace(c, sampler=sampler) if c.mode in STATISTICAL_MODES else c for c in cases]
+
+
+def _cases(generators, warpers, matrix, mode, scenario, max_new_tokens) -> list[Case]:
     from lossless_check.laws.matrix import matrix as matrix_stacks
     from lossless_check.subjects.adapters import DEFAULT_GENERATORS, resolve_generator
 
@@ -270,7 +307,8 @@ def run(generators: Iterable[str] | str | None = None, warpers=None, matrix: str
         scenario: str | None = None, samples: int = DEFAULT_SAMPLES, alpha: float = DEFAULT_ALPHA, seed: int = 0,
         workers: int = 1, sequential: bool = True, max_new_tokens: int = 4,
         progress: Callable[[int], None] | None = None, verifier: bool = True,
-        verifier_gates: bool | None = None, max_detectable_tv: float = DEFAULT_MAX_DETECTABLE_TV) -> RunResult:
+        verifier_gates: bool | None = None, sampler=None,
+        max_detectable_tv: float = DEFAULT_MAX_DETECTABLE_TV) -> RunResult:
     """Check every generator under every warper stack; verdicts control the family-wise rate ``alpha``.
 
     ``generators``: names or ``module:attr`` specs (default: every built-in); ``warpers``: a spec
@@ -288,11 +326,18 @@ def run(generators: Iterable[str] | str | None = None, warpers=None, matrix: str
     (a call outside it is refused with a :class:`~lossless_check.core.errors.UsageError` saying so).
     A case that rejects nothing but could not have seen a departure of TV ``max_detectable_tv`` (power 0.99)
     is ``inconclusive``; a subject with no checked case, or an inconclusive one, gives ``exit_code`` 5.
+    ``sampler`` (``module:function``): runs in place of the installed ``_speculative_sampling`` in every
+    step and generate case, and the last row is its own check (:func:`check_sampler`).
     """
-    cases = cases_for(generators, warpers, matrix, mode, scenario, max_new_tokens)
+    cases = cases_for(generators, warpers, matrix, mode, scenario, max_new_tokens, sampler)
     gates = generators is None if verifier_gates is None else verifier_gates
     return run_cases(cases, samples, alpha, seed, workers, progress, sequential, verifier=verifier,
                      verifier_gates=gates, max_detectable_tv=max_detectable_tv)
+
+
+def sampler_of(cases: list[Case]):
+    """The sampler the cases carry (:func:`cases_for`), if any."""
+    return next((c.sampler for c in cases if c.sampler is not None), None)
 
 
 def check(generator: str, warpers=None, mode: str = "step", scenario: str = DEFAULT_SCENARIO,
@@ -312,3 +357,23 @@ def check(generator: str, warpers=None, mode: str = "step", scenario: str = DEFA
     cases = cases_for([generator], warpers if warpers is not None else "none", None, mode, scenario, max_new_tokens)
     return run_cases(cases[:1], samples, alpha, seed, sequential=sequential,
                      max_detectable_tv=max_detectable_tv).cases[0]
+
+
+def check_sampler(sampler, protocol: str | None = None, samples: int = DEFAULT_SAMPLES, alpha: float = DEFAULT_ALPHA,
+                  seed: int = 0):
+    """Check a rejection sampler of your own: ``module:function`` or the function itself.
+
+    Two protocols (read from the signature; ``protocol`` states it): ``"transformers"``, the installed
+    ``_speculative_sampling``'s ``(candidate_input_ids, candidate_logits, candidate_length, new_logits, ...)
+    -> (valid_tokens, n_matches)``, and ``"probs"``, ``(draft_probs (k, V), draft_token_ids (k,),
+    target_probs (k + 1, V)) -> emitted ids``. Exact where every draw it makes goes through the torch
+    primitives the check controls (each enumerated; the emitted law computed exactly on designed laws),
+    statistical always (``samples`` trials on each of several draft/target pairs, family-wise
+    false-failure rate ``alpha``). Returns a :class:`~lossless_check.subjects.sampler_check.SamplerReport`
+    (``verdict``, ``reason``, ``exact``, ``statistical``, ``to_dict()``).
+    """
+    from lossless_check.running.workers import one_thread
+    from lossless_check.subjects.sampler_check import check_sampler as check
+
+    with one_thread():
+        return check(sampler, protocol, samples, alpha, seed)

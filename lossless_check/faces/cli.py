@@ -113,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds a chunk of 1000 trials may take before its case is an error (default 600)")
     run.add_argument("--json", metavar="PATH", help="write the JSON report here")
     run.add_argument("--repro", metavar="DIR", help="write a standalone reproduction script for every failing case here")
+    from lossless_check.faces.sampler_command import add_sampler_options
+
+    add_sampler_options(run, run=True)
     gate = sub.add_parser("gate", help="pre-merge gate: every mode that applies over a matrix; JSON, Markdown, HTML")
     gate.add_argument("--generator", required=True, metavar="NAME|module:attr")
     gate.add_argument("--out", default="lossless-gate", metavar="DIR", help="report directory (default lossless-gate)")
@@ -135,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     verifier = sub.add_parser("verifier", help="exact, white-box checks of the installed _speculative_sampling "
                                                 "against the algorithm's law (exit 1 on a defect)")
     verifier.add_argument("--json", metavar="PATH", help="write the checks as JSON here")
+    add_sampler_options(verifier, run=False)
     mutants = sub.add_parser("mutants", help="mutation self-test: every mutant of fixtures/mutants (run from the repo root)")
     mutants.add_argument("--samples", type=positive_int, default=DEFAULT_SAMPLES, help="most trials per mutant")
     mutants.add_argument("--alpha", type=probability, default=1e-6)
@@ -191,8 +195,10 @@ def _check_paths(args) -> None:
 
 def _cases(args):
     from lossless_check.faces.api import cases_for
+    from lossless_check.faces.sampler_command import loaded_sampler
 
-    return cases_for(args.generator, args.warpers, args.matrix, args.mode, args.scenario, args.max_new_tokens)
+    return cases_for(args.generator, args.warpers, args.matrix, args.mode, args.scenario, args.max_new_tokens,
+                     loaded_sampler(args))
 
 
 def _run(args) -> int:
@@ -290,7 +296,11 @@ def _gate(args) -> int:
 
 
 def _verifier(args) -> int:
-    """Exit 0 when the installed verifier passes every exact check, 1 on a defect."""
+    """Exit 0 when the installed verifier (or ``--sampler``) passes every check, 1 on a defect."""
+    if args.sampler is not None:
+        from lossless_check.faces.sampler_command import sampler_command
+
+        return sampler_command(args)
     from lossless_check.outputs.verifier_report import print_verifier, write_verifier_json
     from lossless_check.subjects.verifier import verify
 
@@ -328,6 +338,10 @@ def main(argv: list[str] | None = None) -> int:
             _precheck(args)
         elif args.command in ("mutants", "verifier"):
             _check_paths(args)
+        if args.command in ("run", "verifier"):
+            from lossless_check.faces.sampler_command import precheck_sampler
+
+            precheck_sampler(args)
         elif args.command == "models":
             from lossless_check.faces.models_command import precheck_models
 

@@ -216,7 +216,7 @@ def require_catalog() -> None:
     from lossless_check.core.errors import UsageError
 
     if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # where module:attr generators are found (adapters._load_attr)
+        sys.path.insert(0, os.getcwd())  # where module:attr generators are found (core.options.load_attribute)
     try:
         found = importlib.util.find_spec("fixtures.mutants") is not None
     except ImportError:

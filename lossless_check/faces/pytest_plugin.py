@@ -343,6 +343,30 @@ class Lossless:
         return result
 
 
+    def check_sampler(self, sampler, protocol: str | None = None, samples: int | None = None):
+        """Check a rejection sampler of the test's own (:func:`lossless_check.check_sampler`: ``module:function``
+        or the function) as one check of this test, at its share of the session's alpha. ``samples``: trials
+        per draft/target pair of the statistical part (default: the marker's, else ``--lossless-samples``).
+        Returns the :class:`~lossless_check.subjects.sampler_check.SamplerReport`, recorded for the terminal
+        summary and ``--lossless-report`` (``mode`` ``sampler``)."""
+        from lossless_check.faces.api import check_sampler
+        from lossless_check.faces.sampler_command import sampler_record
+
+        alpha = self._next_alpha()
+        report = check_sampler(sampler, protocol, self._samples(samples), alpha, self._seed)
+        self._state.records.append(sampler_record(report, self._nodeid, self._checks, alpha, self._seed))
+        return report
+
+    def assert_sampler_lossless(self, sampler, protocol: str | None = None, samples: int | None = None):
+        """:meth:`check_sampler`, then fail the test unless the sampler is lossless: the message says which
+        design or position failed, with the draws that show it, and the command that repeats the check."""
+        report = self.check_sampler(sampler, protocol, samples)
+        if not report.lossless:
+            pytest.fail(f"{report.sampler} is not lossless ({report.protocol} protocol): {report.reason}\n"
+                        f"reproduce: {self._state.records[-1]['reproduce']}", pytrace=False)
+        return report
+
+
 def _spec(generator: str | type) -> str:
     return generator if isinstance(generator, str) else f"{generator.__module__}:{generator.__qualname__}"
 

@@ -99,8 +99,10 @@ def run_case(case: Case, samples: int, seed: int, alpha_case: float, sequential:
                              BATCH_SIZE if batch_size is None else batch_size, store)
     if case.mode == "generate":
         from lossless_check.modes.generate import run_generate_case
+        from lossless_check.subjects.sampler import sampler_in_place
 
-        return run_generate_case(case, samples, seed, alpha_case, sequential, timeout, store)
+        with sampler_in_place(case.sampler):  # the global _assisted_decoding calls
+            return run_generate_case(case, samples, seed, alpha_case, sequential, timeout, store)
     if case.mode == "provenance":
         from lossless_check.modes.provenance import run_provenance_case
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from lossless_check.core.patching import call_argument, replace_attribute
+
 #: Largest total variation between the sampled row and ``softmax(returned candidate_logits)`` that
 #: still counts as equal. Both sides are float32 softmaxes of (ideally) the same float32 logits (a
 #: generator returning half-precision logits gets its q softmaxed in half precision, as the verifier does);
@@ -37,16 +39,6 @@ class Draw:
     row: torch.Tensor | None = None  # float64, normalised; only for sampled kinds
 
 
-def replace_attribute(owner, name: str, value):
-    """Set ``owner.name`` to ``value``; return what puts the original back."""
-    original = getattr(owner, name)
-    own = name in owner.__dict__  # Tensor methods live on TensorBase: restore by deleting
-    setattr(owner, name, value)
-    return (lambda: setattr(owner, name, original)) if own else (lambda: delattr(owner, name))
-
-
-def call_argument(args, kwargs, index, name, default=None):
-    return args[index] if len(args) > index else kwargs.get(name, default)
 
 
 class Interception:

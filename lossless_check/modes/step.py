@@ -82,7 +82,7 @@ class StepCase:
             self.target, self.prompt_ids, case.warpers, STEP_MAX_NEW_TOKENS
         )
         self.laws = ExactLaws(scenario, self.processors)
-        self.verify = speculative_sampling()
+        self.verify = speculative_sampling() if case.sampler is None else case.sampler.verify
         self.positions = scenario.gamma + 1
         self.requested_batch_size = batch_size
         eos = self.generation_config.eos_token_id

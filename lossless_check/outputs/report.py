@@ -44,9 +44,15 @@ def to_json(result: RunResult) -> dict:
         "samples": result.samples,
         "power": 0.99,
         "interrupted": result.interrupted,
+        "sampler": sampler_in_place_of_verifier(result),
         "cases": [c.to_dict() for c in result.cases],
     }
     return _clean(doc)
+
+
+def sampler_in_place_of_verifier(result: RunResult) -> str | None:
+    """The user's sampler (``module:function``) the run's cases ran in place of ``_speculative_sampling``."""
+    return next((c.sampler for c in result.cases if c.sampler), None)
 
 
 def write_json(result: RunResult, path: str | Path) -> None:
@@ -145,6 +151,8 @@ def print_table(result: RunResult, console=None, table: str = "auto") -> None:
     info = versions()
     title = (f"lossless-check  transformers {info['transformers_version']}  torch {info['torch_version']}  "
              f"family alpha {result.alpha_family:g}  seed {result.seed}")
+    if sampler_in_place_of_verifier(result):
+        title += f"  sampler {sampler_in_place_of_verifier(result)} in place of _speculative_sampling"
     if table == "full" or (table == "auto" and len(subjects) <= AUTO_TABLE_CASES):
         grid = Table(title=title, title_justify="left")
         longest = max((len(c.generator) for c in subjects), default=9)
@@ -177,12 +185,13 @@ def print_summary(result: RunResult, console, scenarios: bool) -> None:
         counts = ", ".join(f"{n} {v}" for v in VERDICT_STYLE if (n := sum(c.verdict == v for c in cases)))
         failing = next((c for c in cases if c.verdict in FAILING), None)
         first = f"; first failing: [{failing.warpers}] {failing.mode}" if failing else ""
-        console.print(f"{generator}: {counts}{first}", highlight=False, markup=False)
+        console.print(f"{generator}: {counts}{first}", highlight=False, markup=False, emoji=False)
     for c in result.subjects:
         if c.verdict in FAILING + ("inconclusive",):
             where = f" {c.scenario}" if scenarios else ""
             console.print(f"[{VERDICT_STYLE[c.verdict]}]{c.verdict}[/] ", end="", highlight=False)
-            console.print(f"{c.generator} [{c.warpers}]{where} {c.mode}: {c.reason}", highlight=False, markup=False)
+            console.print(f"{c.generator} [{c.warpers}]{where} {c.mode}: {c.reason}", highlight=False, markup=False,
+                          emoji=False)
     for line in no_answer_lines(result) + [blind_line(result)] + [beside_line(c) for c in result.beside]:
         if line:
             console.print(line, highlight=False, markup=False)

@@ -7,12 +7,10 @@ base's adapter; a factory by :class:`~.factory.FactoryAdapter`.
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
 from dataclasses import dataclass
 
 from lossless_check.core.errors import UsageError
+from lossless_check.core.options import load_attribute
 from lossless_check.subjects.adapters.assisted import AssistedAdapter
 from lossless_check.subjects.adapters.base import DraftContext, DraftSession, GeneratorAdapter
 from lossless_check.subjects.adapters.dflash import DFlashAdapter
@@ -45,26 +43,6 @@ class ResolvedGenerator:
         return self.spec.rpartition(":")[2]
 
 
-def _load_attr(spec: str):
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise UsageError(f"bad generator {spec!r}: expected NAME or module:attr")
-    if os.getcwd() not in sys.path:
-        # Like pytest and uvicorn: a user's module:attr is found relative to where they run.
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UsageError(f"cannot import module {module_name!r} for generator {spec!r}: {exc}") from None
-    try:
-        obj = module
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except AttributeError:
-        raise UsageError(f"module {module_name!r} has no attribute {attr!r}") from None
-    return obj
-
-
 def resolve_generator(spec: str) -> ResolvedGenerator:
     """Resolve ``NAME`` or ``module:attr``; raise :class:`UsageError` with a one-line reason if impossible."""
     spec = spec.strip()
@@ -74,7 +52,7 @@ def resolve_generator(spec: str) -> ResolvedGenerator:
             known = ", ".join(sorted(ADAPTERS))
             raise UsageError(f"unknown generator {spec!r}; known: {known} (or module:attr)")
         return ResolvedGenerator(spec, adapter, adapter.installed_class())
-    obj = _load_attr(spec)
+    obj = load_attribute(spec, "generator", "NAME or module:attr")
     if not isinstance(obj, type):
         if callable(obj) and _takes_one_argument(obj):
             return ResolvedGenerator(spec, FactoryAdapter(obj), obj)
