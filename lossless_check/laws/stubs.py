@@ -6,9 +6,17 @@ on it. Its next-token logits come from a :class:`~lossless_check.laws.tables.Fix
 exact distribution at every position is known. It keeps a real ``DynamicCache`` (one layer holding
 the input token ids as "keys"), so cache cropping after a rejection happens for real: a model that
 reads its history from the cache gives wrong logits when a crop is wrong.
+
+The stubs look like checkpoints: their config and generation config carry what a saved model's do
+and ``generate()`` reads (special token ids, ``max_position_embeddings``), so code that runs a stub's
+own ``generate()`` (prompt lookup, EOS stopping criteria, ``output_scores``) runs as on a real model.
+Their EOS token (:func:`never_emitted_eos`) is one no table ever emits: it stops nothing, and the law
+of plain sampling is the same as with no EOS at all.
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -38,7 +46,53 @@ def output_cache(output):
     return getattr(output, _cache_name(type(output)))
 
 
+def never_emitted_eos(vocab_size: int) -> int:
+    """The EOS (and BOS) token id of a stub over ``vocab_size`` tokens: ``vocab_size`` itself.
+
+    Past the vocabulary, so it has probability 0 under every law a stub emits (its logits have
+    ``vocab_size`` columns) and never ends a generation: the exact laws of plain sampling need no
+    EOS term. A case that wants an EOS names one (``eos_token_id`` among its warpers), which
+    overrides it in ``generate()`` as a user's does. BOS = EOS as in GPT-2's checkpoints: only a
+    ``generate()`` call without a prompt would read it.
+    """
+    return vocab_size
+
+
+@contextmanager
+def _own_token_ids_unwarned(vocab_size: int):
+    """Drop 5.x's warning that a config's BOS/EOS id lies past its vocabulary, for the stubs' own
+    :func:`never_emitted_eos` only (past the vocabulary by design; any other id still warns).
+
+    The warning is logged once per message (``warning_once``): dropped here, the same message is not
+    logged later either (when ``save_pretrained`` validates the config again)."""
+    from transformers.utils import logging as hf_logging
+
+    own = f"(between 0 and {vocab_size - 1}), got {never_emitted_eos(vocab_size)}."
+
+    def keep(record) -> bool:
+        message = record.getMessage()
+        return not (message.startswith(("Model config: bos_token_id", "Model config: eos_token_id")) and own in message)
+
+    logger = hf_logging.get_logger("transformers.configuration_utils")
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
+
+
+#: ``max_position_embeddings`` of the stubs: far past any case's length (``generate()`` only warns past it).
+MAX_POSITION_EMBEDDINGS = 4096
+
+
 class FixedLogitsConfig(PretrainedConfig):
+    """The config of a fixed-logits model: its table, plus what a checkpoint's config says.
+
+    Special tokens as a decoder checkpoint without a pad token (GPT-2, Llama): ``bos_token_id =
+    eos_token_id =`` :func:`never_emitted_eos`, ``pad_token_id = None`` (``generate()`` then pads
+    with the EOS, and a case's own EOS pads a finished row with a token the stubs can read).
+    """
+
     model_type = "lossless_check_fixed_logits"
 
     def __init__(
@@ -62,8 +116,13 @@ class FixedLogitsConfig(PretrainedConfig):
         self.num_attention_heads = 1
         self.num_key_value_heads = 1
         self.head_dim = 1
+        self.max_position_embeddings = kwargs.pop("max_position_embeddings", MAX_POSITION_EMBEDDINGS)
         kwargs.setdefault("tie_word_embeddings", False)
-        super().__init__(**kwargs)
+        kwargs.setdefault("eos_token_id", never_emitted_eos(vocab_size))
+        kwargs.setdefault("bos_token_id", kwargs["eos_token_id"])
+        kwargs.setdefault("pad_token_id", None)
+        with _own_token_ids_unwarned(vocab_size):
+            super().__init__(**kwargs)
 
     @property
     def table(self) -> FixedLogits:
