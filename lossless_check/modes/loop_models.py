@@ -30,7 +30,10 @@ check the same drafters; the targets read their history from a real, croppable c
 A user subclass of a built-in generator is wired in by :func:`driving`: the target's
 ``_get_candidate_generator`` builds the subclass with the arguments the installed release's
 ``generate()`` gives its family (nothing of ``transformers`` is patched; the override lives on a
-subclass of the stub target).
+subclass of the stub target). Any other ``CandidateGenerator``, the one a user's factory returns, is
+wired in the same place by :func:`drafting_with_factory`, on the assisted route
+(``assistant_model=`` a stub of the target's table, which only makes ``generate()`` run
+``_assisted_decoding``): the factory is called with a :class:`DraftContext` of that very call.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import inspect
 import shutil
 import tempfile
 import weakref
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable
 
 import torch
@@ -53,6 +56,7 @@ from lossless_check.subjects.adapters.dflash import dflash_drafter_for
 from lossless_check.subjects.adapters.early_exit import (
     EXIT_LAYER, FULL_DEPTH, EarlyExitFixedLogitsLM, early_exit_model_for,
 )
+from lossless_check.subjects.adapters.factory import FactoryAdapter, factory_generator
 from lossless_check.subjects.adapters.mtp import FixedLogitsMtpLM, _quiet_loading, mtp_target_for
 from lossless_check.subjects.adapters.single_position import FixedLogitsGemma4AssistantStub
 from lossless_check.subjects.adapters.vocabularies import assistant_lm, tokenizer_pair
@@ -78,6 +82,9 @@ ROUTES = {
     DIFFERENT_TOKENIZERS: "assistant_model= + tokenizer/assistant_tokenizer, do_sample=False (greedy)",
 }
 FAMILIES = tuple(ROUTES)
+#: The adapter name of a user's factory (``module:function``), and how generate() is made to run it.
+FACTORY = FactoryAdapter.name
+FACTORY_ROUTE = "assistant_model= (assisted decoding), the factory's generator built where generate() builds one"
 #: Families generate() builds only for greedy decoding: the reference law is a point mass.
 GREEDY_FAMILIES = (DIFFERENT_TOKENIZERS,)
 
@@ -270,12 +277,27 @@ BUILDERS: dict[str, Callable[[DraftContext], LoopModels]] = {
 }
 
 
+def _factory(ctx: DraftContext) -> LoopModels:
+    # Any assistant of the target's vocabulary routes generate() to _assisted_decoding (one over a
+    # padded drafter vocabulary would need tokenizers); the factory's generator replaces generate()'s.
+    route = fixed_logits_lm(ctx.scenario.target, prompt_length=len(ctx.scenario.prompt))
+    return LoopModels(drafting_with_factory(ctx.target, ctx), {"assistant_model": route})
+
+
+def route(family: str) -> str:
+    """How ``generate()`` is made to build ``family`` (a built-in name, or :data:`FACTORY`), as reports say it."""
+    return FACTORY_ROUTE if family == FACTORY else ROUTES[family]
+
+
 def loop_models(family: str, ctx: DraftContext) -> LoopModels:
-    """The models and ``generate()`` arguments that make ``generate()`` build ``family`` (a built-in name).
+    """The models and ``generate()`` arguments that make ``generate()`` build ``family`` (a built-in name,
+    or :data:`FACTORY`).
 
     ``ctx.generator_class`` is the class under test: the built-in itself is left to ``generate()``
-    to pick; a subclass is wired in by :func:`driving`.
+    to pick; a subclass is wired in by :func:`driving`, a factory by :func:`drafting_with_factory`.
     """
+    if family == FACTORY:
+        return _factory(ctx)
     with _quiet_loading():
         models = BUILDERS[family](ctx)
     base = installed_class(family)
@@ -293,8 +315,6 @@ def installed_class(name: str):
 
 def routes_in_generate(family: str) -> bool | None:
     """Whether the installed ``generate()`` can build ``family`` (``None``: its source cannot be read)."""
-    from transformers import GenerationMixin
-
     try:
         source = inspect.getsource(GenerationMixin._get_candidate_generator)
     except (OSError, TypeError):
@@ -340,6 +360,26 @@ def _constructor_arguments(model, given: dict[str, Any]) -> dict[str, Callable[[
     }
 
 
+def _given(model, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The arguments of a call to the installed ``_get_candidate_generator``, by name, defaults filled in
+    (its parameters differ between releases: 4.x takes ``assistant_model`` before ``logits_processor``)."""
+    given = inspect.signature(GenerationMixin._get_candidate_generator).bind(model, *args, **kwargs)
+    given.apply_defaults()
+    return dict(given.arguments)
+
+
+def _building_with(target, name: str, build: Callable):
+    """``target``, its class swapped for a subclass (named ``name`` after its class) whose
+    ``_get_candidate_generator`` is ``build(self, given)``, ``given`` the call's arguments by name."""
+
+    def _get_candidate_generator(self, *args, **kwargs):
+        return build(self, _given(self, args, kwargs))
+
+    target.__class__ = type(f"{type(target).__name__}{name}", (type(target),),
+                            {"_get_candidate_generator": _get_candidate_generator})
+    return target
+
+
 def driving(target, generator_class: type, base: type):
     """``target``, its class swapped for a subclass whose ``generate()`` drafts with ``generator_class``.
 
@@ -347,22 +387,34 @@ def driving(target, generator_class: type, base: type):
     installed ``generate()`` gives ``base`` (the parameters of ``base.__init__`` on this release,
     by name), where ``generate()`` would have built ``base``.
     """
-    from transformers import GenerationMixin
-
-    signature = inspect.signature(GenerationMixin._get_candidate_generator)
     wanted = [name for name, p in inspect.signature(base.__init__).parameters.items()
               if name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
 
-    def _get_candidate_generator(self, *args, **kwargs):
-        given = signature.bind(self, *args, **kwargs)
-        given.apply_defaults()
-        pool = _constructor_arguments(self, dict(given.arguments))
+    def build(model, given):
+        pool = _constructor_arguments(model, given)
         return generator_class(**{name: pool[name]() for name in wanted if name in pool})
 
-    target.__class__ = type(f"{type(target).__name__}Drafting{generator_class.__name__}", (type(target),),
-                            {"_get_candidate_generator": _get_candidate_generator})
-    return target
+    return _building_with(target, f"Drafting{generator_class.__name__}", build)
 
 
-__all__ = ["FAMILIES", "GREEDY_FAMILIES", "LoopModels", "ROUTES", "driving", "installed_class", "loop_models",
-           "routes_in_generate"]
+def drafting_with_factory(target, ctx: DraftContext):
+    """``target``, its class swapped for a subclass whose ``generate()`` drafts with what the factory
+    ``ctx.generator_class`` returns, called where ``generate()`` builds its candidate generator.
+
+    The factory gets ``ctx`` as that call sees it: ``generate()``'s generation config, logits
+    processors and ``model_kwargs`` (the target's live cache among them), the generating model as
+    ``target`` and the call's ``input_ids`` as ``prompt_ids``; one call per ``generate()``, as
+    ``generate()`` builds a generator per call.
+    """
+    factory = ctx.generator_class
+
+    def build(model, given):
+        return factory_generator(factory, replace(
+            ctx, generation_config=given["generation_config"], processors=given["logits_processor"], target=model,
+            prompt_ids=given["input_ids"], model_kwargs=given["model_kwargs"]))
+
+    return _building_with(target, f"DraftingWith{getattr(factory, '__name__', 'Factory')}", build)
+
+
+__all__ = ["FACTORY", "FAMILIES", "GREEDY_FAMILIES", "LoopModels", "ROUTES", "driving",
+           "drafting_with_factory", "installed_class", "loop_models", "route", "routes_in_generate"]

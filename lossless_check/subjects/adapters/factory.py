@@ -28,6 +28,16 @@ from lossless_check.subjects.adapters.base import (
 from lossless_check.subjects.adapters.rounds import first_round
 
 
+def factory_generator(factory: Callable[[DraftContext], object], ctx: DraftContext):
+    """``factory(ctx)``, or :class:`GeneratorFailure` if that is not a ``CandidateGenerator``."""
+    from transformers.generation.candidate_generator import CandidateGenerator
+
+    generator = factory(ctx)
+    if not isinstance(generator, CandidateGenerator):
+        raise GeneratorFailure(f"the factory returned {type(generator).__name__}, not a CandidateGenerator")
+    return generator
+
+
 class FactoryAdapter(GeneratorAdapter):
     """Drives whatever ``CandidateGenerator`` a user factory returns."""
 
@@ -43,14 +53,10 @@ class FactoryAdapter(GeneratorAdapter):
         return self.factory  # a factory needs nothing from the installed release to be tried
 
     def session(self, ctx: DraftContext) -> FunctionSession:
-        from transformers.generation.candidate_generator import CandidateGenerator
-
         prefills = Prefills(ctx.target)
 
         def draft(input_ids):
-            generator = self.factory(ctx)
-            if not isinstance(generator, CandidateGenerator):
-                raise GeneratorFailure(f"the factory returned {type(generator).__name__}, not a CandidateGenerator")
+            generator = factory_generator(self.factory, ctx)
             if getattr(generator, "requires_model_outputs", False):
                 model_kwargs, outputs = prefills(input_ids)
                 return first_round_after_prefill(generator, input_ids, model_kwargs, outputs)
