@@ -66,7 +66,8 @@ def probe(case: Case, timeout: float = 600.0) -> str | None:
     if _PROBED.get(key, (None,))[0] is not case.scenario:
         try:
             with deadline(timeout, "probing the generator with one get_candidates call"):
-                StepCase(replace(case, warpers={}, mode="step"), batch_size=1).returns_no_q
+                # A generator returning no q is no reason to stop: its trials are rounds of the real loop.
+                _ = StepCase(replace(case, warpers={}, mode="step"), batch_size=1).returns_no_q
             reason = None
         except (NotApplicable, GeneratorFailure) as exc:
             reason = str(exc)

@@ -110,7 +110,7 @@ class LoopRounds:
                                               stopping_criteria=one_round(), **self.models.generate_kwargs)
         except GeneratorFailure:
             raise
-        except Exception as exc:  # noqa: BLE001 - the generator under test (or the loop around it) failed
+        except Exception as exc:  # the generator under test (or the loop around it) failed
             raise GeneratorFailure(f"generate() raised {one_line(exc)}") from exc
         return out[0, self.prompt_ids.shape[1]:].tolist()
 
@@ -134,4 +134,4 @@ class LoopRounds:
         return Observations(emitted, n_matches, drafts, nothing, nothing.astype(bool), time.perf_counter() - started)
 
 
-__all__ = ["LoopRounds", "ROUND_NOTE", "one_round"]
+__all__ = ["ROUND_NOTE", "LoopRounds", "one_round"]
