@@ -128,6 +128,16 @@ def test_prompt_lookup_gets_step_rows_from_real_rounds():
 # --- How a round is made ----------------------------------------------------------------------
 
 
+def test_the_probe_passes_a_generator_that_returns_no_q_and_names_one_that_fails():
+    """The run's probe (one call per generator and scenario) reserves no alpha for a case that will not give a
+    verdict: a generator returning no q gives one now; a factory returning something else does not."""
+    from lossless_check.modes import skip_reason
+
+    assert skip_reason(Case(resolve_generator(PROMPT_LOOKUP), {"top_k": 3})) is None
+    assert skip_reason(Case(resolve_generator(f"{NO_Q}:reseeding"), {})) is None
+    assert "not a CandidateGenerator" in skip_reason(Case(resolve_generator("fixtures.factories:not_a_generator"), {}))
+
+
 def test_a_step_round_is_one_round_of_the_real_loop():
     step = StepCase(Case(resolve_generator(f"{NO_Q}:honest"), {}, scenario=DEFAULT))
     assert step.returns_no_q and step.batching == (1, ROUND_NOTE) and not step.starts_batched
