@@ -26,6 +26,7 @@ verified q, and does not apply here.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -33,6 +34,7 @@ import torch
 from lossless_check.core.compat import loop_eos, release_warpers
 from lossless_check.core.errors import GeneratorFailure
 from lossless_check.evidence.results import one_line
+from lossless_check.laws.stubs import fixed_logits_lm
 from lossless_check.modes import loop_models
 from lossless_check.modes.observations import Observations, widen
 from lossless_check.modes.randomness import OwnRandomness, seed_streams
@@ -41,6 +43,11 @@ from lossless_check.subjects.candidates import check_candidates
 
 #: What a case's ``batch.note`` says of its trials.
 ROUND_NOTE = "batch 1: returns no q, each trial one real round of generate() (the loop samples the target itself)"
+
+
+def no_q(candidate_ids: torch.Tensor, candidate_logits: torch.Tensor | None, prompt_length: int) -> bool:
+    """Whether a call returned no q to verify: ``candidate_logits`` ``None``, or no draft at all."""
+    return candidate_logits is None or candidate_ids.shape[1] == prompt_length
 
 
 def one_round():
@@ -57,21 +64,25 @@ def one_round():
 class LoopRounds:
     """The trials of a step case whose generator returns no q: first rounds of the real loop.
 
-    ``ctx`` is the case's :class:`DraftContext` (its target a stub of its own: its class is swapped
-    to route ``generate()``); ``max_new_tokens`` the case's budget (step mode's, far past a round);
-    ``own_randomness`` watches each ``get_candidates`` call, as batch-1 calls of step mode are.
+    ``ctx`` is the step case's :class:`DraftContext` (the rounds run on a target stub of their own,
+    whose class is swapped to route ``generate()``); ``max_new_tokens`` the case's budget (step mode's,
+    far past a round); ``own_randomness`` watches each ``get_candidates`` call, as batch-1 calls of
+    step mode are.
     """
 
-    def __init__(self, ctx: DraftContext, family: str, warpers: dict, max_new_tokens: int,
-                 own_randomness: OwnRandomness):
+    def __init__(self, ctx: DraftContext, case, max_new_tokens: int, own_randomness: OwnRandomness):
         from transformers import GenerationConfig
 
-        scenario = ctx.scenario
+        scenario = case.scenario
         self.scenario = scenario
         self.prompt_ids = ctx.prompt_ids
         self.own_randomness = own_randomness
-        self.models = loop_models.loop_models(family, ctx)
-        self.config = GenerationConfig(do_sample=True, max_new_tokens=max_new_tokens, **release_warpers(warpers))
+        target = fixed_logits_lm(scenario.target, prompt_length=len(scenario.prompt))
+        try:
+            self.models = loop_models.loop_models(case.generator.adapter.name, replace(ctx, target=target))
+        except Exception as exc:  # building the generator's models failed
+            raise GeneratorFailure(f"building the generator raised {one_line(exc)}") from exc
+        self.config = GenerationConfig(do_sample=True, max_new_tokens=max_new_tokens, **release_warpers(case.warpers))
         loop_eos(self.config, scenario.vocab_size)
         for key, value in self.models.config_fields.items():
             setattr(self.config, key, value)
@@ -134,4 +145,4 @@ class LoopRounds:
         return Observations(emitted, n_matches, drafts, nothing, nothing.astype(bool), time.perf_counter() - started)
 
 
-__all__ = ["ROUND_NOTE", "LoopRounds", "one_round"]
+__all__ = ["ROUND_NOTE", "LoopRounds", "no_q", "one_round"]

@@ -15,18 +15,14 @@ the case starts again at batch 1 and says why, and a batched case's ``tv_detecta
 holds for batch-1 calls. Batched rows never fail a case (:meth:`StepRun._batch_1_only`), and calls
 that seed, restore or privately generate randomness move it to batch 1 (:mod:`.randomness`).
 Families that cannot batch run every trial at batch 1.
-
-**Generators that return no q.** With ``candidate_logits`` ``None`` the real loop does not verify with
-``_speculative_sampling``: it samples the target at every candidate position and keeps the matching
-drafts. One batch-1 call on the prompt tells (:attr:`StepCase.returns_no_q`); such a case's trials are
-first rounds of the real loop (:mod:`.loop_round`), at batch 1, tested with the same per-position laws.
+A generator that returns no q (:attr:`StepCase.returns_no_q`) has trials that are first rounds of the
+real loop (:mod:`.loop_round`), tested with the same per-position laws.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import replace
 
 import numpy as np
 import torch
@@ -48,7 +44,7 @@ from lossless_check.modes.batching import (
 )
 from lossless_check.modes.interception import one_row_draws_by_inverse_cdf
 from lossless_check.modes.loop_models import GREEDY_FAMILIES
-from lossless_check.modes.loop_round import ROUND_NOTE, LoopRounds
+from lossless_check.modes.loop_round import ROUND_NOTE, LoopRounds, no_q
 from lossless_check.modes.observations import Observations, widen
 from lossless_check.modes.randomness import (
     FRESH_LEVEL,
@@ -69,8 +65,9 @@ from lossless_check.modes.replay import (
     replay_rows,
     replays_per_chunk,
 )
+from lossless_check.modes.step_diagnostics import diagnose
 from lossless_check.modes.target_side import TargetLogits
-from lossless_check.stats import Stratum, law_test
+from lossless_check.stats import Stratum
 from lossless_check.subjects.adapters import DraftContext
 from lossless_check.subjects.candidates import check_candidates
 
@@ -143,35 +140,25 @@ class StepCase:
     def draft(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One real ``get_candidates`` call on ``rows`` prompt rows, checked, with a q to verify."""
         candidate_ids, candidate_logits = self.checked_draft(rows)
-        if _no_q(candidate_ids, candidate_logits, self.prompt_ids.shape[1]):
-            # Its first call on the prompt had one (returns_no_q): step mode's rounds are then the
-            # verifier's, which needs a q on every call.
+        if no_q(candidate_ids, candidate_logits, self.prompt_ids.shape[1]):  # its first call had one
             raise NotApplicable("returns candidate_logits on one call on the prompt and none (or no draft) on "
                                 "another: step mode verifies one kind or the other (generate mode takes both)")
         return candidate_ids, candidate_logits
 
     @property
     def returns_no_q(self) -> bool:
-        """Whether the generator returns no ``candidate_logits`` (or drafts nothing) on the prompt: the
-        case's trials are then rounds of the real loop (:mod:`.loop_round`). One batch-1 call tells,
-        made before any trial's seed is set (trials stay a function of their seed)."""
+        """Whether the generator returns no ``candidate_logits`` (or drafts nothing) on the prompt: the case's
+        trials are then rounds of the real loop. One batch-1 call tells, before any trial's seed is set."""
         if self._returns_no_q is None:
             candidate_ids, candidate_logits = self.checked_draft(1)
-            self._returns_no_q = _no_q(candidate_ids, candidate_logits, self.prompt_ids.shape[1])
+            self._returns_no_q = no_q(candidate_ids, candidate_logits, self.prompt_ids.shape[1])
         return self._returns_no_q
 
     @property
     def loop_rounds(self) -> LoopRounds:
-        """The real loop, routed to build the case's generator on a target stub of its own, built once."""
+        """The real loop, routed to build the case's generator (:mod:`.loop_round`), built once."""
         if self._loop_rounds is None:
-            scenario = self.case.scenario
-            target = fixed_logits_lm(scenario.target, prompt_length=len(scenario.prompt))
-            ctx = replace(self.context(), target=target)
-            try:
-                self._loop_rounds = LoopRounds(ctx, self.case.generator.adapter.name, self.case.warpers,
-                                               STEP_MAX_NEW_TOKENS, self.own_randomness)
-            except Exception as exc:  # noqa: BLE001 - building the generator's models failed
-                raise GeneratorFailure(f"building the generator raised {one_line(exc)}") from exc
+            self._loop_rounds = LoopRounds(self.context(), self.case, STEP_MAX_NEW_TOKENS, self.own_randomness)
         return self._loop_rounds
 
     @property
@@ -336,15 +323,6 @@ class StepCase:
         return strata(obs.emitted[obs.emitted[:, position] >= 0], position, self.laws.target,
                       self.case.scenario.vocab_size)
 
-    def residual_strata(self, obs: Observations, position: int) -> list[Stratum]:
-        """Trials whose draft ``position + 1`` was rejected (not missing: a draft that stopped early
-        ends in a token sampled from ``p``), against ``normalize(max(p - q, 0))``.
-
-        ``q`` is the processed drafter table, the law a correct drafter samples from.
-        """
-        rejected = obs.emitted[(obs.n_matches == position) & (obs.drafts > position)]
-        return strata(rejected, position, self.laws.residual, self.case.scenario.vocab_size)
-
     def log_evalues(self, obs: Observations) -> np.ndarray:
         """The running log e-values of the output laws (:func:`~lossless_check.evidence.analysis.log_evalues`)."""
         return self.evidence(obs)[0]
@@ -381,7 +359,8 @@ class StepCase:
         if obs.impossible_drafts:
             result.failed_checks.append("impossible_draft")
         result.exact_failure = bool(violations or obs.impossible_drafts)
-        self._diagnose(result, obs, alpha / positions)
+        # The diagnostics of a verified q (acceptance law, residuals); a round without one has none.
+        diagnose(result, obs, self.laws, self.positions, alpha / positions, verified=not self.returns_no_q)
         return result
 
     @staticmethod
@@ -399,42 +378,6 @@ class StepCase:
         for entry in result.positions:
             entry["tv_detectable_batched"] = entry["tv_detectable"]
             entry["tv_detectable"] = result.tv_detectable if entry["position"] == 1 else None
-
-    def _diagnose(self, result: CaseResult, obs: Observations, alpha_position: float) -> None:
-        """The acceptance law and the rejection residuals: diagnostics that explain a failure (their
-        theory is that of a verified q: for rounds without one, only the observed acceptance)."""
-        gamma = self.positions - 1
-        diagnostics: list[str] = []
-        result.diagnostics = diagnostics
-        result.acceptance_rate = float(obs.n_matches.sum() / max(obs.drafts.sum(), 1))
-        if self.returns_no_q:
-            return
-        for j in range(min(gamma, obs.gamma)):
-            residual = law_test(self.residual_strata(obs, j), alpha_position, POWER)
-            entry = result.positions[j]
-            entry["residual_samples"], entry["residual_tv"] = residual.n, residual.statistic
-            entry["residual_p_value"] = residual.pvalue
-            if residual.n and residual.rejects(alpha_position):
-                diagnostics.append(f"residual@{j + 1}")
-        width = obs.gamma + 1
-        result.acceptance_law = (np.bincount(obs.n_matches, minlength=width) / len(obs.n_matches)).tolist()
-        # The theory is for drafts of one length; a drafter that stops early (at EOS) has no such law.
-        law = self.laws.acceptance_law(obs.gamma) if obs.drafts.min() == obs.gamma else None
-        if law is not None:
-            result.expected_acceptance_rate = law.mean_acceptance_rate
-            result.expected_acceptance_law = law.probabilities.tolist()
-            counts = np.bincount(obs.n_matches, minlength=width)
-            alpha = alpha_position * self.positions
-            acceptance = law_test([Stratum(counts, law.probabilities)], alpha, POWER)
-            result.acceptance_p_value = acceptance.pvalue
-            result.acceptance_statistic = acceptance.statistic
-            if acceptance.rejects(alpha):
-                diagnostics.append("acceptance_law")
-
-
-def _no_q(candidate_ids: torch.Tensor, candidate_logits: torch.Tensor | None, prompt_length: int) -> bool:
-    """Whether a call returned no q to verify: ``candidate_logits`` ``None``, or no draft at all."""
-    return candidate_logits is None or candidate_ids.shape[1] == prompt_length
 
 
 def skip_reason(case: Case) -> str | None:
