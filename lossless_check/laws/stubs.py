@@ -59,26 +59,38 @@ def never_emitted_eos(vocab_size: int) -> int:
 
 
 @contextmanager
+def _dropped(logger_name: str, dropped):
+    """While active, records of transformers' logger ``logger_name`` whose message ``dropped(message)``
+    holds are not logged (a filter on that logger only)."""
+    from transformers.utils import logging as hf_logging
+
+    def keep(record) -> bool:
+        return not dropped(record.getMessage())
+
+    logger = hf_logging.get_logger(logger_name)
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
+
+
 def _own_token_ids_unwarned(vocab_size: int):
     """Drop 5.x's warning that a config's BOS/EOS id lies past its vocabulary, for the stubs' own
     :func:`never_emitted_eos` only (past the vocabulary by design; any other id still warns).
 
     The warning is logged once per message (``warning_once``): dropped here, the same message is not
     logged later either (when ``save_pretrained`` validates the config again)."""
-    from transformers.utils import logging as hf_logging
-
     own = f"(between 0 and {vocab_size - 1}), got {never_emitted_eos(vocab_size)}."
+    return _dropped("transformers.configuration_utils", lambda message: message.startswith(
+        ("Model config: bos_token_id", "Model config: eos_token_id")) and own in message)
 
-    def keep(record) -> bool:
-        message = record.getMessage()
-        return not (message.startswith(("Model config: bos_token_id", "Model config: eos_token_id")) and own in message)
 
-    logger = hf_logging.get_logger("transformers.configuration_utils")
-    logger.addFilter(keep)
-    try:
-        yield
-    finally:
-        logger.removeFilter(keep)
+#: What ``generate()`` says of a model with an EOS and no pad token when no attention mask is passed
+#: (at every call up to 5.1x; for batched input from 5.20): true of the stubs by design, and moot
+#: (they read their history from the cache, never from an attention mask).
+_PAD_NOTICES = ("Setting `pad_token_id` to `eos_token_id`", "The attention mask and the pad token id were not set",
+                "The attention mask is not set")
 
 
 #: ``max_position_embeddings`` of the stubs: far past any case's length (``generate()`` only warns past it).
@@ -256,6 +268,14 @@ class FixedLogitsLM(*((_LegacyGenerationInputs,) if LEGACY_GENERATION else ()), 
     main_input_name = "input_ids"
     _supports_cache_class = True
     _is_stateful = False
+
+    def _prepare_special_tokens(self, *args, **kwargs):
+        """``generate()``'s own set-up of the special tokens, without its notices that the stub has no
+        pad token and got no attention mask (:data:`_PAD_NOTICES`): a stub's ``generate()``, and an
+        assistant stub's inside a generator, would log them at every call. (Releases before 4.42
+        log them from ``generate()`` itself.)"""
+        with _dropped("transformers.generation.utils", lambda message: message.startswith(_PAD_NOTICES)):
+            return super()._prepare_special_tokens(*args, **kwargs)
 
     def __init__(self, config: FixedLogitsConfig):
         super().__init__(config)

@@ -50,13 +50,25 @@ def no_q(candidate_ids: torch.Tensor, candidate_logits: torch.Tensor | None, pro
     return candidate_logits is None or candidate_ids.shape[1] == prompt_length
 
 
-def one_round():
-    """A ``StoppingCriteriaList`` that stops ``generate()`` after its first round: every row is done."""
+def one_round(candidates: list[torch.Tensor]):
+    """A ``StoppingCriteriaList`` that stops ``generate()`` after its first round.
+
+    Every row is done at every call but one: releases up to 5.17 also ask the criteria of the
+    candidate itself before verifying it (``is_done_candidate``: a candidate that meets one keeps one
+    token less), and a candidate ``get_candidates`` returned (``candidates``) is not done. The
+    sequence after a round never equals its candidate: it holds one token more than the drafts it
+    kept, and the first draft it did not keep differs from the target's draw there.
+    """
     from transformers import StoppingCriteria, StoppingCriteriaList
+
+    def is_candidate(input_ids: torch.Tensor) -> bool:
+        return any(c is input_ids or (c.shape == input_ids.shape and torch.equal(c.to(input_ids.device), input_ids))
+                   for c in candidates)
 
     class OneRound(StoppingCriteria):
         def __call__(self, input_ids, scores, **kwargs):
-            return torch.ones(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+            done = not is_candidate(input_ids)
+            return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
 
     return StoppingCriteriaList([OneRound()])
 
@@ -87,6 +99,7 @@ class LoopRounds:
         for key, value in self.models.config_fields.items():
             setattr(self.config, key, value)
         self._drafts: list[int] = []
+        self._candidates: list[torch.Tensor] = []
         self._watch(self.models.target, max_length=self.prompt_ids.shape[1] + max_new_tokens)
 
     def _watch(self, target, max_length: int) -> None:
@@ -94,7 +107,8 @@ class LoopRounds:
         route builds (``generate()`` itself, a subclass, a factory) with its ``get_candidates`` watched:
         checked against the candidate contract, its draft length recorded. The instance attribute only
         observes: the loop calls the generator's own method through it."""
-        base, vocab, drafts, own_randomness = type(target), self.scenario.vocab_size, self._drafts, self.own_randomness
+        base, vocab, own_randomness = type(target), self.scenario.vocab_size, self.own_randomness
+        drafts, candidates = self._drafts, self._candidates
 
         def _get_candidate_generator(model, *args, **kwargs):
             generator = base._get_candidate_generator(model, *args, **kwargs)
@@ -106,6 +120,7 @@ class LoopRounds:
                     drafted(candidate_ids)
                 check_candidates(input_ids, candidate_ids, candidate_logits, vocab, max_length)
                 drafts.append(candidate_ids.shape[1] - input_ids.shape[1])
+                candidates.append(candidate_ids)
                 return candidate_ids, candidate_logits
 
             generator.get_candidates = get_candidates
@@ -116,9 +131,10 @@ class LoopRounds:
     def round(self) -> list[int]:
         """One trial: the tokens the first round of ``generate()`` emits."""
         self._drafts.clear()
+        self._candidates.clear()
         try:
             out = self.models.target.generate(self.prompt_ids, generation_config=self.config,
-                                              stopping_criteria=one_round(), **self.models.generate_kwargs)
+                                              stopping_criteria=one_round(self._candidates), **self.models.generate_kwargs)
         except GeneratorFailure:
             raise
         except Exception as exc:  # the generator under test (or the loop around it) failed
