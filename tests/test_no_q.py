@@ -81,7 +81,8 @@ def test_the_nested_generate_generator_is_checked_in_step_and_generate_mode(fact
 
 # --- No-q mutants and their controls ----------------------------------------------------------
 
-#: (spec, scenario, mode, verdict): each mutant in the mode(s) that can see it; the cache-cropping one
+#: (spec, scenario, mode, verdict): each mutant in the mode(s) that can see it (a re-seeding or peeking
+#: drafter draws nothing in greedy mode: there is no draw to repeat or foresee); the cache-cropping one
 #: from the second round on only, so a step-mode round (the first) cannot see it, and not where the
 #: next verification pass refills the cache (CROPPED_CACHE_REFILLED: lossless there, rightly).
 NO_Q_CASES = [
@@ -95,6 +96,10 @@ NO_Q_CASES = [
      "lossless" if within(CROPPED_CACHE_REFILLED) else "not_lossless"),
     (f"{NO_Q}:cache_cropping", POSITIONS_SCENARIO, "step", "lossless"),
     (f"{NO_Q}:honest", POSITIONS_SCENARIO, "generate", "lossless"),
+    # Greedy mode drives a factory's generator through the same route, against plain greedy decoding.
+    (f"{NO_Q}:cache_cropping", POSITIONS_SCENARIO, "greedy",
+     "lossless" if within(CROPPED_CACHE_REFILLED) else "not_lossless"),
+    (f"{NO_Q}:honest", POSITIONS_SCENARIO, "greedy", "lossless"),
 ]
 
 
