@@ -5,9 +5,9 @@ With ``candidate_logits`` ``None`` (prompt lookup, a user's generator that only 
 position itself and keeps the drafts that match its draws, plus its draw at the first position that
 does not match (or after the last draft). That branch lives inside the loop, so it is not rebuilt
 here: a trial is the unmodified call
-``target.generate(prompt, generation_config=config, stopping_criteria=[OneRound()], **kwargs)``, with
+``target.generate(prompt, generation_config=config, stopping_criteria=one_round(...), **kwargs)``, with
 the models and arguments that make ``generate()`` build the case's generator (:mod:`.loop_models`: the
-built-in, a subclass, or a user's factory), stopped after its first round by :class:`OneRound`, a
+built-in, a subclass, or a user's factory), stopped after its first round by :func:`one_round`, a
 stopping criterion (the loop consults its criteria after every round). The trial records the round's
 emitted tokens, the draft length ``get_candidates`` returned, and the matches (emitted tokens less one).
 
@@ -56,8 +56,9 @@ def one_round(candidates: list[torch.Tensor]):
     Every row is done at every call but one: releases up to 5.17 also ask the criteria of the
     candidate itself before verifying it (``is_done_candidate``: a candidate that meets one keeps one
     token less), and a candidate ``get_candidates`` returned (``candidates``) is not done. The
-    sequence after a round never equals its candidate: it holds one token more than the drafts it
-    kept, and the first draft it did not keep differs from the target's draw there.
+    sequence after a round equals its candidate only where the loop cropped it at ``max_length`` or at
+    an EOS (it holds one token more than the drafts it kept, and the first draft it did not keep
+    differs from the target's draw there), and there the length and EOS criteria end it.
     """
     from transformers import StoppingCriteria, StoppingCriteriaList
 
