@@ -10,13 +10,11 @@ reads its history from the cache gives wrong logits when a crop is wrong.
 The stubs look like checkpoints: their config and generation config carry what a saved model's do
 and ``generate()`` reads (special token ids, ``max_position_embeddings``), so code that runs a stub's
 own ``generate()`` (prompt lookup, EOS stopping criteria, ``output_scores``) runs as on a real model.
-Their EOS token (:func:`never_emitted_eos`) is one no table ever emits: it stops nothing, and the law
+Their EOS token (:func:`~.special_tokens.never_emitted_eos`) is one no table ever emits: it stops nothing, and the law
 of plain sampling is the same as with no EOS at all.
 """
 
 from __future__ import annotations
-
-from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -25,6 +23,12 @@ from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from lossless_check.laws.special_tokens import (
+    MAX_POSITION_EMBEDDINGS,
+    never_emitted_eos,
+    own_token_ids_unwarned,
+    pad_notices_unlogged,
+)
 from lossless_check.laws.tables import FixedLogits
 
 
@@ -46,62 +50,11 @@ def output_cache(output):
     return getattr(output, _cache_name(type(output)))
 
 
-def never_emitted_eos(vocab_size: int) -> int:
-    """The EOS (and BOS) token id of a stub over ``vocab_size`` tokens: ``vocab_size`` itself.
-
-    Past the vocabulary, so it has probability 0 under every law a stub emits (its logits have
-    ``vocab_size`` columns) and never ends a generation: the exact laws of plain sampling need no
-    EOS term. A case that wants an EOS names one (``eos_token_id`` among its warpers), which
-    overrides it in ``generate()`` as a user's does. BOS = EOS as in GPT-2's checkpoints: only a
-    ``generate()`` call without a prompt would read it.
-    """
-    return vocab_size
-
-
-@contextmanager
-def _dropped(logger_name: str, dropped):
-    """While active, records of transformers' logger ``logger_name`` whose message ``dropped(message)``
-    holds are not logged (a filter on that logger only)."""
-    from transformers.utils import logging as hf_logging
-
-    def keep(record) -> bool:
-        return not dropped(record.getMessage())
-
-    logger = hf_logging.get_logger(logger_name)
-    logger.addFilter(keep)
-    try:
-        yield
-    finally:
-        logger.removeFilter(keep)
-
-
-def _own_token_ids_unwarned(vocab_size: int):
-    """Drop 5.x's warning that a config's BOS/EOS id lies past its vocabulary, for the stubs' own
-    :func:`never_emitted_eos` only (past the vocabulary by design; any other id still warns).
-
-    The warning is logged once per message (``warning_once``): dropped here, the same message is not
-    logged later either (when ``save_pretrained`` validates the config again)."""
-    own = f"(between 0 and {vocab_size - 1}), got {never_emitted_eos(vocab_size)}."
-    return _dropped("transformers.configuration_utils", lambda message: message.startswith(
-        ("Model config: bos_token_id", "Model config: eos_token_id")) and own in message)
-
-
-#: What ``generate()`` says of a model with an EOS and no pad token when no attention mask is passed
-#: (at every call up to 5.1x; for batched input from 5.20): true of the stubs by design, and moot
-#: (they read their history from the cache, never from an attention mask).
-_PAD_NOTICES = ("Setting `pad_token_id` to `eos_token_id`", "The attention mask and the pad token id were not set",
-                "The attention mask is not set")
-
-
-#: ``max_position_embeddings`` of the stubs: far past any case's length (``generate()`` only warns past it).
-MAX_POSITION_EMBEDDINGS = 4096
-
-
 class FixedLogitsConfig(PretrainedConfig):
     """The config of a fixed-logits model: its table, plus what a checkpoint's config says.
 
     Special tokens as a decoder checkpoint without a pad token (GPT-2, Llama): ``bos_token_id =
-    eos_token_id =`` :func:`never_emitted_eos`, ``pad_token_id = None`` (``generate()`` then pads
+    eos_token_id =`` :func:`~.special_tokens.never_emitted_eos`, ``pad_token_id = None`` (``generate()`` then pads
     with the EOS, and a case's own EOS pads a finished row with a token the stubs can read).
     """
 
@@ -133,7 +86,7 @@ class FixedLogitsConfig(PretrainedConfig):
         kwargs.setdefault("eos_token_id", never_emitted_eos(vocab_size))
         kwargs.setdefault("bos_token_id", kwargs["eos_token_id"])
         kwargs.setdefault("pad_token_id", None)
-        with _own_token_ids_unwarned(vocab_size):
+        with own_token_ids_unwarned(vocab_size):
             super().__init__(**kwargs)
 
     @property
@@ -271,10 +224,10 @@ class FixedLogitsLM(*((_LegacyGenerationInputs,) if LEGACY_GENERATION else ()), 
 
     def _prepare_special_tokens(self, *args, **kwargs):
         """``generate()``'s own set-up of the special tokens, without its notices that the stub has no
-        pad token and got no attention mask (:data:`_PAD_NOTICES`): a stub's ``generate()``, and an
-        assistant stub's inside a generator, would log them at every call. (Releases before 4.42
-        log them from ``generate()`` itself.)"""
-        with _dropped("transformers.generation.utils", lambda message: message.startswith(_PAD_NOTICES)):
+        pad token and got no attention mask (:func:`~.special_tokens.pad_notices_unlogged`): a stub's
+        ``generate()``, and an assistant stub's inside a generator, would log them at every call.
+        (Releases before 4.42 log them from ``generate()`` itself.)"""
+        with pad_notices_unlogged():
             return super()._prepare_special_tokens(*args, **kwargs)
 
     def __init__(self, config: FixedLogitsConfig):
