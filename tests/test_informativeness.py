@@ -67,10 +67,10 @@ def test_vacuous_cases_are_never_lossless_and_get_no_alpha():
     round reaches informatively) is ``vacuous``, with why; beside them an informative case and a
     skipped one, the alpha is split over the informative case alone."""
     generator = resolve_generator(ASSISTED)
-    # DFlash drafts through the target's own head: a padded drafter head does not apply (skipped before
-    # running); prompt lookup returns no q (skipped at its first get_candidates call: the probe's find).
+    # DFlash drafts through the target's own head: a padded drafter head does not apply; DifferentTokenizers
+    # is built for greedy decoding only (both skipped before running; tests/test_no_q.py: the probe's finds).
     skipped = [Case(resolve_generator("DFlashTokenCandidateGenerator"), {}, scenario=SCENARIOS["iid8-padded-drafter"]),
-               Case(resolve_generator("PromptLookupCandidateGenerator"), {"top_k": 3})]
+               Case(resolve_generator("AssistedCandidateGeneratorDifferentTokenizers"), {"top_k": 3})]
     cases = [Case(generator, VACUOUS), Case(generator, UNREACHED), Case(generator, PARTLY), Case(generator, {})]
     run = run_cases(cases + skipped, 500, ALPHA, 0)
     vacuous, unreached, partly, plain = run.cases[:4]

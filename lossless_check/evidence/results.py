@@ -225,7 +225,7 @@ class CaseResult:
                          f"target gives probability 0 ({aside[0]['where'].rsplit('/', 1)[-1]} `{aside[0]['rule']}`, "
                          f"probability 2^-24 per such draft); the verdict rests on the other trials")
         if self.expected_acceptance_rate is None and self.acceptance_rate is not None:
-            parts.append(f"acceptance rate {self.acceptance_rate:.3f} (no theory: drafts of varying length)")
+            parts.append(f"acceptance rate {self.acceptance_rate:.3f} (no theory: drafts of varying length, or no q)")
         if self.expected_acceptance_rate is not None:
             excess = self.acceptance_rate - self.expected_acceptance_rate
             flag = " (acceptance law differs from theory)" if "acceptance_law" in self.diagnostics else ""

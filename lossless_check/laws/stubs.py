@@ -6,6 +6,12 @@ on it. Its next-token logits come from a :class:`~lossless_check.laws.tables.Fix
 exact distribution at every position is known. It keeps a real ``DynamicCache`` (one layer holding
 the input token ids as "keys"), so cache cropping after a rejection happens for real: a model that
 reads its history from the cache gives wrong logits when a crop is wrong.
+
+The stubs look like checkpoints: their config and generation config carry what a saved model's do
+and ``generate()`` reads (special token ids, ``max_position_embeddings``), so code that runs a stub's
+own ``generate()`` (prompt lookup, EOS stopping criteria, ``output_scores``) runs as on a real model.
+Their EOS token (:func:`~.special_tokens.never_emitted_eos`) is one no table ever emits: it stops nothing, and the law
+of plain sampling is the same as with no EOS at all.
 """
 
 from __future__ import annotations
@@ -17,6 +23,12 @@ from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from lossless_check.laws.special_tokens import (
+    MAX_POSITION_EMBEDDINGS,
+    never_emitted_eos,
+    own_token_ids_unwarned,
+    pad_notices_unlogged,
+)
 from lossless_check.laws.tables import FixedLogits
 
 
@@ -39,6 +51,13 @@ def output_cache(output):
 
 
 class FixedLogitsConfig(PretrainedConfig):
+    """The config of a fixed-logits model: its table, plus what a checkpoint's config says.
+
+    Special tokens as a decoder checkpoint without a pad token (GPT-2, Llama): ``bos_token_id =
+    eos_token_id =`` :func:`~.special_tokens.never_emitted_eos`, ``pad_token_id = None`` (``generate()`` then pads
+    with the EOS, and a case's own EOS pads a finished row with a token the stubs can read).
+    """
+
     model_type = "lossless_check_fixed_logits"
 
     def __init__(
@@ -62,8 +81,13 @@ class FixedLogitsConfig(PretrainedConfig):
         self.num_attention_heads = 1
         self.num_key_value_heads = 1
         self.head_dim = 1
+        self.max_position_embeddings = kwargs.pop("max_position_embeddings", MAX_POSITION_EMBEDDINGS)
         kwargs.setdefault("tie_word_embeddings", False)
-        super().__init__(**kwargs)
+        kwargs.setdefault("eos_token_id", never_emitted_eos(vocab_size))
+        kwargs.setdefault("bos_token_id", kwargs["eos_token_id"])
+        kwargs.setdefault("pad_token_id", None)
+        with own_token_ids_unwarned(vocab_size):
+            super().__init__(**kwargs)
 
     @property
     def table(self) -> FixedLogits:
@@ -197,6 +221,14 @@ class FixedLogitsLM(*((_LegacyGenerationInputs,) if LEGACY_GENERATION else ()), 
     main_input_name = "input_ids"
     _supports_cache_class = True
     _is_stateful = False
+
+    def _prepare_special_tokens(self, *args, **kwargs):
+        """``generate()``'s own set-up of the special tokens, without its notices that the stub has no
+        pad token and got no attention mask (:func:`~.special_tokens.pad_notices_unlogged`): a stub's
+        ``generate()``, and an assistant stub's inside a generator, would log them at every call.
+        (Releases before 4.42 log them from ``generate()`` itself.)"""
+        with pad_notices_unlogged():
+            return super()._prepare_special_tokens(*args, **kwargs)
 
     def __init__(self, config: FixedLogitsConfig):
         super().__init__(config)

@@ -172,6 +172,13 @@ def capture_processors(model, prompt_ids, warpers: dict[str, Any], max_new_token
     probe = capture_cls(model.config)
     probe.generation_config = model.generation_config
     config = GenerationConfig(**{**release_warpers(warpers), "do_sample": do_sample, "max_new_tokens": max_new_tokens})
+    # The model's special tokens where the warpers name none, as generate() takes them from the model's
+    # generation config on 5.x: releases before 4.41 ignore the model's when handed a config, and their
+    # sampling loop then reads the model's EOS with no pad token (4.37-4.39 raise "If `eos_token_id` is
+    # defined, make sure that `pad_token_id` is defined" in a generator's nested generate()).
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if getattr(config, name, None) is None:
+            setattr(config, name, getattr(model.generation_config, name, None))
     try:
         probe.generate(prompt_ids, generation_config=config)
     except _Captured as captured:

@@ -52,8 +52,8 @@ def probe(case: Case, timeout: float = 600.0) -> str | None:
     """Why a step case stops at its first ``get_candidates`` call, or ``None``: one call on the case's
     generator and scenario under plain sampling, built as the case builds it.
 
-    What it finds does not depend on the warpers (a generator that returns no ``q``, a stub that cannot
-    hold the vocabulary, a generator that fails to build), so it is made once per generator and
+    What it finds does not depend on the warpers (a stub that cannot hold the vocabulary, a generator
+    that fails to build; one that returns no ``q`` runs, as rounds of the real loop), so it is made once per generator and
     scenario. A generator the probe sees fail in any other way is left to the case, which reports it.
     """
     from dataclasses import replace
@@ -66,7 +66,8 @@ def probe(case: Case, timeout: float = 600.0) -> str | None:
     if _PROBED.get(key, (None,))[0] is not case.scenario:
         try:
             with deadline(timeout, "probing the generator with one get_candidates call"):
-                StepCase(replace(case, warpers={}, mode="step"), batch_size=1).draft(1)
+                # A generator returning no q is no reason to stop: its trials are rounds of the real loop.
+                _ = StepCase(replace(case, warpers={}, mode="step"), batch_size=1).returns_no_q
             reason = None
         except (NotApplicable, GeneratorFailure) as exc:
             reason = str(exc)

@@ -4,7 +4,8 @@ Each sample is one unmodified call ``target.generate(prompt, generation_config=G
 do_sample=True, max_new_tokens=K, **warpers), **kwargs)``, with the models, ``kwargs``
 (``assistant_model=``, tokenizers) and routing fields of the config that make the installed
 ``generate()`` build the case's generator family itself (:mod:`.loop_models`: every built-in family,
-and a subclass wired in where ``generate()`` builds its base). It runs every part of the loop that
+a subclass wired in where ``generate()`` builds its base, and whatever ``CandidateGenerator`` a user's
+factory returns, wired in at the same place on the assisted route). It runs every part of the loop that
 step mode leaves out: several drafting rounds, the target's and the drafter's cache cropping after a
 rejection, the draft length capped near ``max_length``, rounds with no draft at all (the first round
 of MTP, DFlash and SinglePosition), how ``_assisted_decoding`` builds and processes the target's
@@ -171,7 +172,7 @@ def _setup(case: Case, max_new_tokens: int) -> _Setup:
             config.prompt_lookup_num_tokens = scenario.gamma
         if case.generator.generator_class is not loop_models.installed_class(family):
             target = loop_models.driving(target, case.generator.generator_class, loop_models.installed_class(family))
-        return _Setup(target, kwargs, prompt_ids, config, law, _eos_ids(prepared), route=loop_models.ROUTES[family],
+        return _Setup(target, kwargs, prompt_ids, config, law, _eos_ids(prepared), route=loop_models.route(family),
                       routing=routing)
     plain = fixed_logits_lm(scenario.target, prompt_length=len(scenario.prompt))
     greedy = family in loop_models.GREEDY_FAMILIES
@@ -189,7 +190,7 @@ def _setup(case: Case, max_new_tokens: int) -> _Setup:
     for key, value in models.config_fields.items():
         setattr(config, key, value)
     return _Setup(models.target, models.generate_kwargs, prompt_ids, config, law, _eos_ids(prepared),
-                  models.counts_round, loop_models.ROUTES[family], greedy, models.keep, dict(models.config_fields))
+                  models.counts_round, loop_models.route(family), greedy, models.keep, dict(models.config_fields))
 
 
 def stopping_violation(tokens: list[int], max_new_tokens: int, eos: frozenset[int]) -> bool:
@@ -283,21 +284,21 @@ def analyse(case: Case, setup: _Setup, gens: Generations, alpha_case: float) -> 
 def skip_reason(case: Case) -> str | None:
     """Why generate mode cannot drive this case's generator (``None`` if it can).
 
-    Skipped: a generator absent from the installed release; a factory (``module:function``: it builds
-    a generator from a :class:`~lossless_check.subjects.adapters.DraftContext`, not from what ``generate()``
-    passes); a drafter table the family cannot express (the adapter's ``drafter_kinds``); the
-    ``tiny-llama`` scenario for a family other than the assistant-model and prompt-lookup ones; and a
-    release whose ``generate()`` never builds the family.
+    Skipped: a generator absent from the installed release; a drafter table the family cannot express
+    (the adapter's ``drafter_kinds``); the ``tiny-llama`` scenario for a family other than the
+    assistant-model and prompt-lookup ones (a factory included: it builds from the fixed-logits
+    stubs); and a release whose ``generate()`` never builds the family. A factory's generator is
+    built where ``generate()`` builds one (:func:`~.loop_models.drafting_with_factory`).
     """
     generator = case.generator
     name = generator.adapter.name
-    if name not in loop_models.FAMILIES:
-        return (f"generate() builds its own candidate generator; {generator.display_name} is not a built-in "
-                f"generator or a subclass of one (generate mode drives those)")
     if generator.generator_class is None:
         return f"{name} {ABSENT}"
     scenario = case.scenario
     if isinstance(scenario, TinyLlamaScenario):
+        if name == loop_models.FACTORY:
+            return (f"a factory builds its generator from a fixed-logits scenario's stubs (ctx.assistant()); the "
+                    f"{scenario.name} scenario has none")
         if name not in (loop_models.ASSISTED, loop_models.PROMPT_LOOKUP):
             return f"the {scenario.name} scenario has a Llama assistant: it drives the assistant-model and prompt-lookup paths, not {name}"
     elif scenario.drafter.kind not in generator.adapter.drafter_kinds:
@@ -305,7 +306,7 @@ def skip_reason(case: Case) -> str | None:
     if getattr(case.scenario, "drafter_padding", 0) and not case.generator.adapter.padded_drafter:
         return (f"{case.generator.adapter.name} drafts through the target's own head or hidden states: a drafter "
                 f"head padded past the target's vocabulary does not apply to it")
-    if loop_models.routes_in_generate(name) is False:
+    if name != loop_models.FACTORY and loop_models.routes_in_generate(name) is False:
         import transformers
 
         return f"generate() of transformers {transformers.__version__} never builds {name}"
@@ -319,14 +320,15 @@ def run_generate_case(case: Case, samples: int, seed: int, alpha_case: float, se
     ``case.scenario`` is a fixed-logits :class:`~lossless_check.laws.scenarios.Scenario` or a
     :class:`TinyLlamaScenario`; ``case.warpers`` are ``GenerationConfig`` keywords (``eos_token_id``
     among them for EOS cases). Every built-in family runs, picked by ``generate()`` itself (see
-    :mod:`.loop_models` for how), and any subclass of one (built where ``generate()`` builds its
-    base); what cannot run is ``skipped`` with its reason (:func:`skip_reason`). A failure inside
+    :mod:`.loop_models` for how), any subclass of one (built where ``generate()`` builds its
+    base) and a factory's generator (built at the same place, one per call); what cannot run is ``skipped`` with its reason (:func:`skip_reason`). A failure inside
     ``generate()`` gives verdict ``error``. ``sequential``: the case stops at the first sample its
     anytime e-value rejects, or at the look that sees an exact failure
     (:func:`~lossless_check.evidence.analysis.stop_sequentially`, as in step mode); otherwise all ``samples``.
 
     Assumptions: the ``samples`` calls are independent (each ``generate()`` builds a fresh candidate
-    generator; the drafter uses a constant draft length). Then, for a lossless loop, the case is
+    generator; the drafter uses a constant draft length; a generator keeps no state across the calls
+    of a case that could tie them). Then, for a lossless loop, the case is
     flagged ``not_lossless`` with probability at most ``alpha_case`` (exact checks never fail).
     ``tv_detectable`` (position 1; every position in ``positions``) is the sample-weighted TV the
     position's test detects with probability ``POWER``; later positions have fewer samples and, with

@@ -30,7 +30,10 @@ check the same drafters; the targets read their history from a real, croppable c
 A user subclass of a built-in generator is wired in by :func:`driving`: the target's
 ``_get_candidate_generator`` builds the subclass with the arguments the installed release's
 ``generate()`` gives its family (nothing of ``transformers`` is patched; the override lives on a
-subclass of the stub target).
+subclass of the stub target). Any other ``CandidateGenerator``, the one a user's factory returns, is
+wired in the same place by :func:`drafting_with_factory`, on the assisted route
+(``assistant_model=`` a stub of the target's table, which only makes ``generate()`` run
+``_assisted_decoding``): the factory is called with a :class:`DraftContext` of that very call.
 """
 
 from __future__ import annotations
@@ -47,12 +50,14 @@ from transformers import GenerationMixin
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from lossless_check.laws.stubs import FixedLogitsLM, fixed_logits_lm
+from lossless_check.modes.wiring import drafting_with_factory, driving
 from lossless_check.subjects.adapters import DraftContext
 from lossless_check.subjects.adapters.base import constant_drafts
 from lossless_check.subjects.adapters.dflash import dflash_drafter_for
 from lossless_check.subjects.adapters.early_exit import (
     EXIT_LAYER, FULL_DEPTH, EarlyExitFixedLogitsLM, early_exit_model_for,
 )
+from lossless_check.subjects.adapters.factory import FactoryAdapter
 from lossless_check.subjects.adapters.mtp import FixedLogitsMtpLM, _quiet_loading, mtp_target_for
 from lossless_check.subjects.adapters.single_position import FixedLogitsGemma4AssistantStub
 from lossless_check.subjects.adapters.vocabularies import assistant_lm, tokenizer_pair
@@ -78,6 +83,9 @@ ROUTES = {
     DIFFERENT_TOKENIZERS: "assistant_model= + tokenizer/assistant_tokenizer, do_sample=False (greedy)",
 }
 FAMILIES = tuple(ROUTES)
+#: The adapter name of a user's factory (``module:function``), and how generate() is made to run it.
+FACTORY = FactoryAdapter.name
+FACTORY_ROUTE = "assistant_model= (assisted decoding), the factory's generator built where generate() builds one"
 #: Families generate() builds only for greedy decoding: the reference law is a point mass.
 GREEDY_FAMILIES = (DIFFERENT_TOKENIZERS,)
 
@@ -270,12 +278,27 @@ BUILDERS: dict[str, Callable[[DraftContext], LoopModels]] = {
 }
 
 
+def _factory(ctx: DraftContext) -> LoopModels:
+    # Any assistant of the target's vocabulary routes generate() to _assisted_decoding (one over a
+    # padded drafter vocabulary would need tokenizers); the factory's generator replaces generate()'s.
+    route = fixed_logits_lm(ctx.scenario.target, prompt_length=len(ctx.scenario.prompt))
+    return LoopModels(drafting_with_factory(ctx.target, ctx), {"assistant_model": route})
+
+
+def route(family: str) -> str:
+    """How ``generate()`` is made to build ``family`` (a built-in name, or :data:`FACTORY`), as reports say it."""
+    return FACTORY_ROUTE if family == FACTORY else ROUTES[family]
+
+
 def loop_models(family: str, ctx: DraftContext) -> LoopModels:
-    """The models and ``generate()`` arguments that make ``generate()`` build ``family`` (a built-in name).
+    """The models and ``generate()`` arguments that make ``generate()`` build ``family`` (a built-in name,
+    or :data:`FACTORY`).
 
     ``ctx.generator_class`` is the class under test: the built-in itself is left to ``generate()``
-    to pick; a subclass is wired in by :func:`driving`.
+    to pick; a subclass is wired in by :func:`driving`, a factory by :func:`drafting_with_factory`.
     """
+    if family == FACTORY:
+        return _factory(ctx)
     with _quiet_loading():
         models = BUILDERS[family](ctx)
     base = installed_class(family)
@@ -293,8 +316,6 @@ def installed_class(name: str):
 
 def routes_in_generate(family: str) -> bool | None:
     """Whether the installed ``generate()`` can build ``family`` (``None``: its source cannot be read)."""
-    from transformers import GenerationMixin
-
     try:
         source = inspect.getsource(GenerationMixin._get_candidate_generator)
     except (OSError, TypeError):
@@ -302,67 +323,5 @@ def routes_in_generate(family: str) -> bool | None:
     return f"{family}(" in source
 
 
-# --------------------------------------------------------------------------------------------------
-# User subclasses
-
-
-def _constructor_arguments(model, given: dict[str, Any]) -> dict[str, Callable[[], Any]]:
-    """What ``_get_candidate_generator`` passes a family's constructor, by parameter name (lazily)."""
-    config = given["generation_config"]
-
-    def translator():
-        from lossless_check.core.compat import vocab_translator
-
-        return vocab_translator(given["target_tokenizer"], given["assistant_tokenizer"],
-                                model.config.get_text_config().vocab_size, given["assistant_model"])
-
-    return {
-        "input_ids": lambda: given["input_ids"],
-        "inputs_tensor": lambda: given["inputs_tensor"],
-        "generation_config": lambda: config,
-        "model_kwargs": lambda: given["model_kwargs"],
-        "logits_processor": lambda: given["logits_processor"],
-        # (GenerationConfig has assistant_early_exit from 4.46)
-        "assistant_model": lambda: (model if getattr(config, "assistant_early_exit", None) is not None
-                                    else given["assistant_model"]),
-        "main_model": lambda: model,
-        "target_tokenizer": lambda: given["target_tokenizer"],
-        "assistant_tokenizer": lambda: given["assistant_tokenizer"],
-        "atm_translator": translator,
-        "target_model_input_embeddings": model.get_input_embeddings,
-        "main_model_input_embeddings": model.get_input_embeddings,
-        "main_model_output_embeddings": model.get_output_embeddings,
-        "eos_token_id": lambda: getattr(config, "_eos_token_tensor", None),
-        "num_output_tokens": lambda: config.prompt_lookup_num_tokens,
-        "max_matching_ngram_size": lambda: config.max_matching_ngram_size or 2,
-        "max_length": lambda: config.max_length,
-        "vocab_size": lambda: model.config.get_text_config().vocab_size,
-    }
-
-
-def driving(target, generator_class: type, base: type):
-    """``target``, its class swapped for a subclass whose ``generate()`` drafts with ``generator_class``.
-
-    ``generator_class`` subclasses the built-in ``base``; it is built with the arguments the
-    installed ``generate()`` gives ``base`` (the parameters of ``base.__init__`` on this release,
-    by name), where ``generate()`` would have built ``base``.
-    """
-    from transformers import GenerationMixin
-
-    signature = inspect.signature(GenerationMixin._get_candidate_generator)
-    wanted = [name for name, p in inspect.signature(base.__init__).parameters.items()
-              if name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-
-    def _get_candidate_generator(self, *args, **kwargs):
-        given = signature.bind(self, *args, **kwargs)
-        given.apply_defaults()
-        pool = _constructor_arguments(self, dict(given.arguments))
-        return generator_class(**{name: pool[name]() for name in wanted if name in pool})
-
-    target.__class__ = type(f"{type(target).__name__}Drafting{generator_class.__name__}", (type(target),),
-                            {"_get_candidate_generator": _get_candidate_generator})
-    return target
-
-
-__all__ = ["FAMILIES", "GREEDY_FAMILIES", "LoopModels", "ROUTES", "driving", "installed_class", "loop_models",
-           "routes_in_generate"]
+__all__ = ["FACTORY", "FAMILIES", "GREEDY_FAMILIES", "LoopModels", "ROUTES", "driving",
+           "drafting_with_factory", "installed_class", "loop_models", "route", "routes_in_generate"]

@@ -15,6 +15,8 @@ the case starts again at batch 1 and says why, and a batched case's ``tv_detecta
 holds for batch-1 calls. Batched rows never fail a case (:meth:`StepRun._batch_1_only`), and calls
 that seed, restore or privately generate randomness move it to batch 1 (:mod:`.randomness`).
 Families that cannot batch run every trial at batch 1.
+A generator that returns no q (:attr:`StepCase.returns_no_q`) has trials that are first rounds of the
+real loop (:mod:`.loop_round`), tested with the same per-position laws.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from lossless_check.modes.batching import (
     rows_per_call,
 )
 from lossless_check.modes.interception import one_row_draws_by_inverse_cdf
+from lossless_check.modes.loop_models import GREEDY_FAMILIES
+from lossless_check.modes.loop_round import ROUND_NOTE, LoopRounds, no_q
 from lossless_check.modes.observations import Observations, widen
 from lossless_check.modes.randomness import (
     FRESH_LEVEL,
@@ -61,8 +65,9 @@ from lossless_check.modes.replay import (
     replay_rows,
     replays_per_chunk,
 )
+from lossless_check.modes.step_diagnostics import diagnose
 from lossless_check.modes.target_side import TargetLogits
-from lossless_check.stats import Stratum, law_test
+from lossless_check.stats import Stratum
 from lossless_check.subjects.adapters import DraftContext
 from lossless_check.subjects.candidates import check_candidates
 
@@ -93,6 +98,8 @@ class StepCase:
         #: What batch-1 calls were seen do with randomness they manage themselves (:mod:`.randomness`).
         self.own_randomness = OwnRandomness()
         self.target_side = TargetLogits(scenario.target, self.target, self.processors, self.prompt_ids)
+        self._returns_no_q: bool | None = None
+        self._loop_rounds: LoopRounds | None = None
 
     # -- the generator -------------------------------------------------------------------------
 
@@ -117,8 +124,8 @@ class StepCase:
                 raise GeneratorFailure(f"building the generator raised {one_line(exc)}") from exc
         return self._session
 
-    def draft(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One real ``get_candidates`` call on ``rows`` prompt rows, checked."""
+    def checked_draft(self, rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One real ``get_candidates`` call on ``rows`` prompt rows, checked (``candidate_logits`` may be ``None``)."""
         prompt = self.prompt_ids.expand(rows, -1)
         try:
             candidate_ids, candidate_logits = self.session().draft(prompt)
@@ -128,17 +135,36 @@ class StepCase:
             raise GeneratorFailure(f"get_candidates raised {one_line(exc)}") from exc
         check_candidates(prompt, candidate_ids, candidate_logits, self.case.scenario.vocab_size,
                          self.generation_config.max_length)
-        if candidate_logits is None or candidate_ids.shape[1] == prompt.shape[1]:
-            raise NotApplicable(
-                "returns no candidate_logits: _assisted_decoding then samples the target at every position "
-                "(no q to check), so step mode does not apply"
-            )
         return candidate_ids, candidate_logits
+
+    def draft(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One real ``get_candidates`` call on ``rows`` prompt rows, checked, with a q to verify."""
+        candidate_ids, candidate_logits = self.checked_draft(rows)
+        if no_q(candidate_ids, candidate_logits, self.prompt_ids.shape[1]):  # its first call had one
+            raise NotApplicable("returns candidate_logits on one call on the prompt and none (or no draft) on "
+                                "another: step mode verifies one kind or the other (generate mode takes both)")
+        return candidate_ids, candidate_logits
+
+    @property
+    def returns_no_q(self) -> bool:
+        """Whether the generator returns no ``candidate_logits`` (or drafts nothing) on the prompt: the case's
+        trials are then rounds of the real loop. One batch-1 call tells, before any trial's seed is set."""
+        if self._returns_no_q is None:
+            candidate_ids, candidate_logits = self.checked_draft(1)
+            self._returns_no_q = no_q(candidate_ids, candidate_logits, self.prompt_ids.shape[1])
+        return self._returns_no_q
+
+    @property
+    def loop_rounds(self) -> LoopRounds:
+        """The real loop, routed to build the case's generator (:mod:`.loop_round`), built once."""
+        if self._loop_rounds is None:
+            self._loop_rounds = LoopRounds(self.context(), self.case, STEP_MAX_NEW_TOKENS, self.own_randomness)
+        return self._loop_rounds
 
     @property
     def starts_batched(self) -> bool:
         """Whether the case's first trials are rows of batched calls (even if it moved to batch 1 since)."""
-        return decide_batching(self.case.generator, self.requested_batch_size)[0] > 1
+        return not self.returns_no_q and decide_batching(self.case.generator, self.requested_batch_size)[0] > 1
 
     @property
     def power(self) -> float:
@@ -150,6 +176,8 @@ class StepCase:
     @property
     def batching(self) -> tuple[int, str]:
         """``(rows per call, why)``; 1 when the case runs at batch 1 only."""
+        if self._batching is None and self.returns_no_q:
+            self._batching = (1, ROUND_NOTE)
         if self._batching is None:
             rows, why = decide_batching(self.case.generator, self.requested_batch_size)
             self._batching = (rows if rows == 1 else rows_per_call(rows, self.case.scenario.vocab_size), why)
@@ -178,6 +206,8 @@ class StepCase:
         generator manages its own randomness (:mod:`.randomness`): the session, whose building may draw
         random numbers, is built before the seed is set."""
         self.session()
+        if self.returns_no_q:
+            return self.loop_rounds.collect(samples, seed, self.positions)
         seed_streams(seed)
         batch_size = self.batching[0]
         replayed = np.zeros(samples, dtype=bool)
@@ -293,15 +323,6 @@ class StepCase:
         return strata(obs.emitted[obs.emitted[:, position] >= 0], position, self.laws.target,
                       self.case.scenario.vocab_size)
 
-    def residual_strata(self, obs: Observations, position: int) -> list[Stratum]:
-        """Trials whose draft ``position + 1`` was rejected (not missing: a draft that stopped early
-        ends in a token sampled from ``p``), against ``normalize(max(p - q, 0))``.
-
-        ``q`` is the processed drafter table, the law a correct drafter samples from.
-        """
-        rejected = obs.emitted[(obs.n_matches == position) & (obs.drafts > position)]
-        return strata(rejected, position, self.laws.residual, self.case.scenario.vocab_size)
-
     def log_evalues(self, obs: Observations) -> np.ndarray:
         """The running log e-values of the output laws (:func:`~lossless_check.evidence.analysis.log_evalues`)."""
         return self.evidence(obs)[0]
@@ -338,7 +359,8 @@ class StepCase:
         if obs.impossible_drafts:
             result.failed_checks.append("impossible_draft")
         result.exact_failure = bool(violations or obs.impossible_drafts)
-        self._diagnose(result, obs, alpha / positions)
+        # The diagnostics of a verified q (acceptance law, residuals); a round without one has none.
+        diagnose(result, obs, self.laws, self.positions, alpha / positions, verified=not self.returns_no_q)
         return result
 
     @staticmethod
@@ -357,39 +379,15 @@ class StepCase:
             entry["tv_detectable_batched"] = entry["tv_detectable"]
             entry["tv_detectable"] = result.tv_detectable if entry["position"] == 1 else None
 
-    def _diagnose(self, result: CaseResult, obs: Observations, alpha_position: float) -> None:
-        """The acceptance law and the rejection residuals: diagnostics that explain a failure."""
-        gamma = self.positions - 1
-        diagnostics: list[str] = []
-        for j in range(min(gamma, obs.gamma)):
-            residual = law_test(self.residual_strata(obs, j), alpha_position, POWER)
-            entry = result.positions[j]
-            entry["residual_samples"], entry["residual_tv"] = residual.n, residual.statistic
-            entry["residual_p_value"] = residual.pvalue
-            if residual.n and residual.rejects(alpha_position):
-                diagnostics.append(f"residual@{j + 1}")
-        result.acceptance_rate = float(obs.n_matches.sum() / max(obs.drafts.sum(), 1))
-        width = obs.gamma + 1
-        result.acceptance_law = (np.bincount(obs.n_matches, minlength=width) / len(obs.n_matches)).tolist()
-        # The theory is for drafts of one length; a drafter that stops early (at EOS) has no such law.
-        law = self.laws.acceptance_law(obs.gamma) if obs.drafts.min() == obs.gamma else None
-        if law is not None:
-            result.expected_acceptance_rate = law.mean_acceptance_rate
-            result.expected_acceptance_law = law.probabilities.tolist()
-            counts = np.bincount(obs.n_matches, minlength=width)
-            alpha = alpha_position * self.positions
-            acceptance = law_test([Stratum(counts, law.probabilities)], alpha, POWER)
-            result.acceptance_p_value = acceptance.pvalue
-            result.acceptance_statistic = acceptance.statistic
-            if acceptance.rejects(alpha):
-                diagnostics.append("acceptance_law")
-        result.diagnostics = diagnostics
-
 
 def skip_reason(case: Case) -> str | None:
     """Why a case cannot run on this install (``None`` if it can)."""
     if case.generator.generator_class is None:
         return f"{case.generator.adapter.name} {ABSENT}"
+    if case.generator.adapter.name in GREEDY_FAMILIES:
+        return (f"generate() builds {case.generator.adapter.name} for greedy decoding only (do_sample=False), and it "
+                f"returns no q: a sampling round of it is not one the real loop makes (generate mode checks it "
+                f"against plain greedy decoding)")
     if case.scenario.drafter.kind not in case.generator.adapter.drafter_kinds:
         return f"a {case.scenario.drafter.kind} drafter table cannot drive {case.generator.adapter.name}"
     if getattr(case.scenario, "drafter_padding", 0) and not case.generator.adapter.padded_drafter:

@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
-#: Generators that return no ``q``: ``_assisted_decoding`` samples the target at every position.
+#: Generators that return no ``q``: ``_assisted_decoding`` samples the target at every position. Step
+#: mode runs rounds of the real loop for them (``modes.loop_round``); provenance has no q to compare.
 NO_Q = ("PromptLookupCandidateGenerator", "AssistedCandidateGeneratorDifferentTokenizers")
 
 
 def modes_for(name: str) -> str:
     """The modes that give a verdict for the built-in generator ``name`` on this install."""
-    from lossless_check.subjects.adapters import resolve_generator
-    from lossless_check.modes.generate import skip_reason
     from lossless_check.evidence.results import Case
+    from lossless_check.modes.generate import skip_reason
+    from lossless_check.modes.step import skip_reason as step_skip
+    from lossless_check.subjects.adapters import resolve_generator
 
     generator = resolve_generator(name)
     if generator.generator_class is None:
         return "not installed: every case is skipped"
-    modes = [] if name in NO_Q else ["step", "provenance"]
+    modes = [] if step_skip(Case(generator, {})) is not None else ["step (rounds of generate())"] if name in NO_Q \
+        else ["step", "provenance"]
     if skip_reason(Case(generator, {}, "generate")) is None:
         modes.append("generate")
     from lossless_check.modes.greedy import skip_reason as greedy_skip

@@ -23,7 +23,15 @@ def constant_drafts(gamma: int) -> dict:
 
 @dataclass
 class DraftContext:
-    """Everything an adapter may use to build a generator for one case."""
+    """Everything an adapter may use to build a generator for one case.
+
+    Where the harness calls ``get_candidates`` itself (step mode), ``generation_config`` and
+    ``processors`` are what ``generate()`` prepares for the case (captured) and ``model_kwargs`` is
+    ``None``. Where the installed ``generate()`` builds the generator (generate mode, and step mode's
+    round of the real loop), they are what it passes ``_get_candidate_generator`` on that call:
+    its generation config, its logits processors and its ``model_kwargs`` (the target's live cache
+    among them), ``target`` the model generating and ``prompt_ids`` its ``input_ids``.
+    """
 
     scenario: Scenario
     generator_class: type
@@ -31,6 +39,7 @@ class DraftContext:
     processors: Any  # the LogitsProcessorList generate() hands the generator (compat.generator_processors)
     target: FixedLogitsLM
     prompt_ids: torch.LongTensor
+    model_kwargs: dict | None = None  # generate()'s, where generate() builds the generator
 
     def assistant(self) -> FixedLogitsLM:
         """A fixed-logits assistant model drafting ``gamma`` tokens per round from the drafter table."""
