@@ -113,3 +113,17 @@ def test_transformers_option_gates_on_the_release_asked_for(tmp_path):
     doc = json.loads(report.read_text())
     assert doc["transformers_version"] == "5.15.0" and doc["cases"][0]["verdict"] == "not_lossless"
     assert "running in the environment of transformers 5.15.0" in done.stderr
+
+
+def test_a_no_q_generator_runs_the_rounds_a_pass_needs_not_the_runs_whole_budget():
+    """Prompt lookup returns no q: each step trial is a whole round of generate() (about 100 step trials' cost),
+    so its cases run the trials that detect 0.8 x the bar (``faces.api.ROUNDS_SIZED_FOR``), no more; a case of a
+    generator with a q beside it runs the run's samples."""
+    import lossless_check as lc
+    from lossless_check.faces.api import ROUNDS_SIZED_FOR
+
+    run = lc.run(["PromptLookupCandidateGenerator", "AssistedCandidateGenerator"], warpers="top_k=3", samples=5000,
+                 verifier=False)
+    rounds, assisted = run.cases
+    assert rounds.samples < 5000 and assisted.samples == 5000
+    assert rounds.verdict == "lossless" and rounds.tv_detectable <= ROUNDS_SIZED_FOR * 0.3, rounds.reason

@@ -105,6 +105,7 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
             alpha_case = alpha / max(1, sum(s and i != [] and skip_reason(c, timeout) is None
                                             for c, s, i in zip(cases, statistical, informative))
                                      + (sampler is not None))
+            planned = _rounds_capped(cases, planned, alpha, sequential, max_detectable_tv, timeout)
             engine.map(run_case, [(tasks[i], planned[i], seed, alpha_case, sequential, timeout, batch_size, chunks)
                                   for i in todo], progress,
                        cost=[_work_estimate(tasks[i], planned[i]) for i in todo], finished=finished,
@@ -148,6 +149,25 @@ def _sampler_row(sampler, samples: int, alpha_case: float, seed: int, cases: lis
     with one_thread():
         report = check(sampler, samples=samples, alpha=alpha_case, seed=seed)
     return sampler_row(report, cases[0].scenario.name if cases else DEFAULT_SCENARIO)
+
+
+#: The TV, as a share of the run's bar, that a step case of a generator returning no q is sized to detect.
+ROUNDS_SIZED_FOR = 0.8
+
+
+def _rounds_capped(cases: list[Case], planned: list[int], alpha: float, sequential: bool, bar: float,
+                   timeout: float) -> list[int]:
+    """``planned``, with the step cases of generators that return no q cut to the trials that detect
+    :data:`ROUNDS_SIZED_FOR` times the run's bar: each of their trials is a whole ``generate()`` round (6-13 ms,
+    about 100 step trials' cost), and the bar is what a pass claims (its row states its own ``tv_detectable``)."""
+    from lossless_check.modes import runs_rounds
+    from lossless_check.modes.sample_size import samples_to_detect
+
+    rounds = [runs_rounds(c, timeout) for c in cases]
+    if not any(rounds):
+        return planned
+    cap = samples_to_detect(cases, ROUNDS_SIZED_FOR * bar, alpha, sequential=sequential)
+    return [min(n, cap) if r else n for n, r in zip(planned, rounds)]
 
 
 #: Rough trials per second of one core, by mode, at a small vocabulary (measured on 5.24); a case

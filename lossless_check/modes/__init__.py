@@ -44,8 +44,9 @@ def skip_reason(case: Case, timeout: float = 600.0) -> str | None:
     return None
 
 
-#: :func:`probe` per generator and scenario (the scenario kept with its id, which is unique only while it lives).
-_PROBED: dict[tuple, tuple[object, str | None]] = {}
+#: :func:`probe` per generator and scenario (the scenario kept with its id, which is unique only while it lives):
+#: the scenario, why the case stops, and whether the generator returns no q.
+_PROBED: dict[tuple, tuple[object, str | None, bool]] = {}
 
 
 def probe(case: Case, timeout: float = 600.0) -> str | None:
@@ -64,15 +65,23 @@ def probe(case: Case, timeout: float = 600.0) -> str | None:
 
     key = (case.generator.spec, id(case.scenario))
     if _PROBED.get(key, (None,))[0] is not case.scenario:
+        rounds = False
         try:
             with deadline(timeout, "probing the generator with one get_candidates call"):
                 # A generator returning no q is no reason to stop: its trials are rounds of the real loop.
-                _ = StepCase(replace(case, warpers={}, mode="step"), batch_size=1).returns_no_q
+                rounds = StepCase(replace(case, warpers={}, mode="step"), batch_size=1).returns_no_q
             reason = None
         except (NotApplicable, GeneratorFailure) as exc:
             reason = str(exc)
-        _PROBED[key] = case.scenario, reason
+        _PROBED[key] = case.scenario, reason, rounds
     return _PROBED[key][1]
+
+
+def runs_rounds(case: Case, timeout: float = 600.0) -> bool:
+    """Whether a step case's trials are whole rounds of the real loop (its generator returns no q: :func:`probe`)."""
+    if case.mode not in ("step", "all") or skip_reason(case, timeout) is not None:
+        return False
+    return _PROBED[(case.generator.spec, id(case.scenario))][2]
 
 
 def preload() -> None:
