@@ -21,6 +21,7 @@ import sys
 from lossless_check.core.errors import UsageError
 from lossless_check.core.exit_codes import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NOT_LOSSLESS, EXIT_OK, EXIT_USAGE
 from lossless_check.core.options import positive_int, probability
+from lossless_check.faces.coverage_option import add_coverage_dir_option, add_coverage_option
 from lossless_check.faces.on_release import add_release_option
 from lossless_check.running.ray_backend import check_backend
 
@@ -31,6 +32,9 @@ SCENARIO_NAMES = ("markov8", "iid8", "iid32-fast-tokenizers", "iid32-id-ordered-
                   "bpe-id-ordered-vocab", "zipf32k", "markov8-bf16", "zipf32k-bf16", "zipf32k-fp16",
                   "iid8-padded-drafter", "lm49k", "tiny-llama")
 MATRICES = ("smoke", "default", "full")
+#: Whether the gate measures coverage unless told not to (on: it cost under 15% of the gate's time, measured
+#: side by side in benchmarks/coverage_table.py).
+GATE_COVERAGE = True
 
 
 class _Parser(argparse.ArgumentParser):
@@ -113,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds a chunk of 1000 trials may take before its case is an error (default 600)")
     run.add_argument("--json", metavar="PATH", help="write the JSON report here")
     run.add_argument("--repro", metavar="DIR", help="write a standalone reproduction script for every failing case here")
+    add_coverage_option(run, default=False)
+    add_coverage_dir_option(run)
     from lossless_check.faces.sampler_command import add_sampler_options
 
     add_sampler_options(run, run=True)
@@ -123,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--generate-samples", type=positive_int, default=400, metavar="N",
                       help="trials per generate-mode case (the real loop, one sequence at a time; default 400)")
     gate.add_argument("--repro", metavar="DIR", help="write a standalone reproduction script for every failing case here")
+    add_coverage_option(gate, default=GATE_COVERAGE)
     _common(gate, f"trials per case (default {DEFAULT_SAMPLES})")
     add_release_option(gate)
     repro = sub.add_parser("repro", help="write a standalone script (torch and transformers only) that runs one case "
@@ -208,6 +215,8 @@ def _run(args) -> int:
     from lossless_check.running.journal import Journal, journal_for, run_identity
     from lossless_check.running.progress import progress_reporter
 
+    from lossless_check.faces.coverage_option import measured, report_coverage
+
     cases = _cases(args)
     sequential = not args.fixed
     if args.detect_tv is not None:
@@ -219,7 +228,8 @@ def _run(args) -> int:
         if args.resume:
             print(f"lossless-check: resuming: {journal.kept()}", file=sys.stderr)
     try:
-        with progress_reporter(len(cases) - len(journal.done if journal else ()), args.quiet) as advance:
+        with progress_reporter(len(cases) - len(journal.done if journal else ()), args.quiet) as advance, \
+                measured(args.generator or (), args.coverage) as measurement:
             result = run_cases(cases, args.samples, args.alpha, args.seed, args.workers, advance, sequential,
                                args.timeout, args.batch_size, journal=journal, backend=args.backend,
                                address=args.address, verifier=not args.no_verifier,
@@ -228,6 +238,7 @@ def _run(args) -> int:
     except RunInterrupted as stopped:
         return _interrupted(stopped.partial, args.json, args.table)
     print_table(result, table=args.table)
+    report_coverage(measurement, args.coverage_dir)
     if args.json:
         write_json(result, args.json)
     if args.repro:
@@ -268,6 +279,7 @@ def _repro(args) -> int:
 
 
 def _gate(args) -> int:
+    import json
     from pathlib import Path
 
     from rich.console import Console
@@ -283,13 +295,19 @@ def _gate(args) -> int:
                                 sequential=not args.fixed, progress=advance, batch_size=args.batch_size,
                                 return_result=True, generate_samples=args.generate_samples, repro_dir=args.repro,
                                 resume=args.resume, backend=args.backend, address=args.address,
-                                verifier=not args.no_verifier, verifier_gates=args.verifier_gates, **_bar(args))
+                                verifier=not args.no_verifier, verifier_gates=args.verifier_gates,
+                                coverage=args.coverage, **_bar(args))
     except RunInterrupted as stopped:
         return _interrupted(stopped.partial, str(Path(args.out) / "report.json"), args.table)
     from lossless_check.outputs.report import print_table
 
     print_table(result, table=args.table)
     reports = ", ".join(str(Path(args.out) / name) for name in ("report.json", "report.md", "report.html"))
+    if args.coverage:
+        from lossless_check.outputs.coverage_report import COVERAGE_NAMES
+
+        print(json.loads((Path(args.out) / "report.json").read_text())["coverage"]["headline"])
+        reports += ", " + ", ".join(str(Path(args.out) / name) for name in COVERAGE_NAMES)
     said = {EXIT_OK: "passed", EXIT_NOT_LOSSLESS: "failed"}.get(code, "gave no answer")
     Console(soft_wrap=True).print(f"gate {said} (exit {code}); reports: {reports}", highlight=False)
     return code
