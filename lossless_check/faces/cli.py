@@ -102,10 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a warper stack as GenerationConfig kwargs (repeatable); 'none' for plain sampling")
     run.add_argument("--matrix", choices=MATRICES, default=None,
                      help="a named set of warper stacks (default when no --warpers: default)")
-    run.add_argument("--mode", choices=("step", "provenance", "generate", "greedy", "all"), default="step",
+    run.add_argument("--mode", choices=("step", "provenance", "generate", "greedy", "options", "all"), default="step",
                      help="step: statistical, one round (default); provenance: exact check of q; generate: the real "
                           "generate() loop; greedy: exact, do_sample=False against plain greedy decoding, a row per "
-                          "generator (a step or all run over the whole install adds these rows); all: step with "
+                          "generator (a step or all run over the whole install adds these rows); options: exact, "
+                          "what generate() returns and streams beside the tokens (scores, logits, hidden states, "
+                          "a streamer) and the heuristic draft schedule, a row per generator; all: step with "
                           "provenance beside it, plus generate")
     run.add_argument("--max-new-tokens", type=positive_int, default=4, metavar="K",
                      help="generate mode: tokens per generate() call, each position tested (default 4)")

@@ -52,8 +52,9 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
     (:func:`lossless_check.faces.api.real_world_cases`). ``modes`` are :data:`lossless_check.modes.MODES`;
     by default every mode that applies: ``all``
     (the statistical step mode with the exact provenance sub-verdict beside it), ``generate`` (the
-    real loop; cases generate mode cannot drive are ``skipped`` with the reason) and ``greedy`` (exact,
-    its rows from :func:`lossless_check.faces.api.greedy_cases`, whatever the matrix). The exit code is
+    real loop; cases generate mode cannot drive are ``skipped`` with the reason), ``greedy`` (exact,
+    its rows from :func:`lossless_check.faces.api.greedy_cases`, whatever the matrix) and ``options`` (exact:
+    the outputs, streamer and heuristic schedule of the real loop, one row, :mod:`lossless_check.modes.loop_options`). The exit code is
     :attr:`RunResult.exit_code` (1 a case not lossless or an error; 5 no answer: no case of the generator was
     checked, or one is ``inconclusive``, i.e. could not have seen a departure of TV ``max_detectable_tv``;
     0 otherwise). Bad
@@ -83,13 +84,17 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
     with measured([generator_spec], coverage) as measurement:
         generator = resolve_generator(generator_spec)
         if modes is None:
-            modes = ("all", "generate", "greedy")
+            modes = ("all", "generate", "greedy", "options")
         cases = [Case(generator, stack, mode, resolve_scenario(scenario or DEFAULT_SCENARIO, mode)) for mode in modes
-                 if mode != "greedy" for stack in matrix(matrix_name)]
+                 if mode not in ("greedy", "options") for stack in matrix(matrix_name)]
         if scenario is None:
             cases += real_world_cases([generator], matrix_name, modes[0])
         if "greedy" in modes:
             cases += greedy_cases([generator], [], scenario)
+        if "options" in modes:
+            from lossless_check.modes.loop_options import options_cases
+
+            cases += options_cases([generator], resolve_scenario(scenario or DEFAULT_SCENARIO, "options"))
         if hasattr(progress, "set_total"):
             progress.set_total(len(cases))
         by_mode = {"generate": min(samples, generate_samples)}

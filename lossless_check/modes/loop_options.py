@@ -1,0 +1,251 @@
+"""Options mode: what ``generate()`` returns and streams beside the tokens, and the loop's options around drafting.
+
+Generate mode checks the law of the emitted tokens; the code of ``_assisted_decoding`` that builds what a user
+gets back besides them ran in no case (measured with ``--coverage``). A case here is one generator family on a
+fixed-logits scenario, driven through the real ``generate()`` exactly as generate mode drives it
+(:func:`~.generate._setup`), with every output option on and a streamer, for :data:`CALLS` sampling calls.
+Exact checks, per call (no statistics, no share of alpha):
+
+- *returned vs emitted*: the streamer received the prompt, then exactly the new tokens of ``sequences``, and
+  ``end()`` once;
+- *scores*: ``output_scores`` has one row per new token, and row ``i`` is plain sampling's processed scores
+  after ``prompt + tokens[:i]`` (the target's logits there through the processors ``generate()`` builds for the
+  same config, :func:`~lossless_check.laws.warpers.capture_processors`): equal, element for element;
+- *logits*: ``output_logits`` row ``i`` is the target's raw logits there, equal element for element;
+- *hidden states*: one entry per new token;
+- *heuristic schedule* (families whose generator subclasses ``AssistedCandidateGenerator`` with an assistant
+  model, MTP excepted): the assistant's ``num_assistant_tokens_schedule`` is ``"heuristic"``, so the draft length
+  moves across rounds, and after each call the assistant's config holds the length the call's generator ended
+  with (what ``generate()`` restores for the next call).
+
+Beside the row, where the release has ``assistant_ensemble_weight`` and the family drafts with an assistant model
+(the assisted family): greedy decoding with ``assistant_ensemble_weight=0.5``, the branch that keeps a draft when
+it is the argmax of ``w p + (1 - w) q``. It is lossy by design (the drafter's law enters the output), so it is never
+called lossless: the reason says whether it departed from plain greedy decoding here.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+
+from lossless_check.core.errors import GeneratorFailure
+from lossless_check.evidence.results import Case, CaseResult, one_line
+from lossless_check.laws.stubs import fixed_logits_lm
+from lossless_check.laws.warpers import capture_processors
+from lossless_check.modes import loop_models
+from lossless_check.modes.randomness import seed_streams
+from lossless_check.running.chunks import deadline, guarded
+from lossless_check.subjects.adapters.mtp import _quiet_loading
+
+#: Sampling ``generate()`` calls per case.
+CALLS = 12
+#: Every output option ``generate()`` has, on.
+OUTPUT_OPTIONS = {"return_dict_in_generate": True, "output_scores": True, "output_logits": True,
+                  "output_hidden_states": True, "output_attentions": True}
+#: The weight of the greedy ensemble variant run beside the row.
+ENSEMBLE_WEIGHT = 0.5
+#: What a greedy config leaves out of a sampling one.
+SAMPLING_ONLY = ("temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff")
+
+
+#: The stack of an options case: processors that change the scores (so that "scores are the processed logits"
+#: is not "scores are the logits").
+OPTIONS_STACK = {"top_k": 3, "temperature": 0.7}
+
+
+def options_cases(generators: list, scenario, stacks: list | None = None) -> list[Case]:
+    """One options case per resolved generator and stack (default :data:`OPTIONS_STACK`) on ``scenario``."""
+    return [Case(g, dict(stack), "options", scenario) for g in generators for stack in (stacks or [OPTIONS_STACK])]
+
+
+def skip_reason(case: Case) -> str | None:
+    """Why options mode cannot drive this case (generate mode's reasons; a scenario without fixed logits)."""
+    from lossless_check.laws.scenarios import Scenario
+    from lossless_check.modes.generate import skip_reason as generate_skip
+
+    if not isinstance(case.scenario, Scenario):
+        return "options mode checks scores against fixed logits: it runs on the fixed-logits scenarios"
+    return generate_skip(case)
+
+
+class RecordingStreamer:
+    """A streamer (``put``/``end``, as ``BaseStreamer``) keeping what it was given."""
+
+    def __init__(self):
+        self.puts: list[list[int]] = []
+        self.ends = 0
+
+    def put(self, value) -> None:
+        self.puts.append(value.detach().cpu().reshape(-1).tolist())
+
+    def end(self) -> None:
+        self.ends += 1
+
+
+def _with_attentions(module, args, kwargs, output):
+    """A forward hook: attention weights (zeros, one layer, one head) when ``output_attentions`` is asked, as a
+    real decoder returns them (the stubs have no attention; 5.24's loop indexes ``outputs.attentions[0]``)."""
+    if not kwargs.get("output_attentions") or getattr(output, "attentions", None) is not None:
+        return output
+    from lossless_check.laws.stubs import output_cache
+
+    queries = output.logits.shape[1] if kwargs.get("logits_to_keep") in (None, 0) else None
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    queries = ids.shape[1] if ids is not None else queries
+    cache = output_cache(output)
+    keys = cache.get_seq_length() if cache is not None else queries
+    output.attentions = (torch.zeros(ids.shape[0], 1, queries, keys),)
+    return output
+
+
+def _keeping_generator(target) -> list:
+    """Every candidate generator ``target``'s ``generate()`` builds, in order (an instance attribute over the
+    method: the class and transformers are untouched)."""
+    built: list = []
+    original = target._get_candidate_generator
+
+    def _get_candidate_generator(*args, **kwargs):
+        built.append(original(*args, **kwargs))
+        return built[-1]
+
+    target._get_candidate_generator = _get_candidate_generator
+    return built
+
+
+def check_call(out, streamer: RecordingStreamer, prompt: list[int], plain, processors) -> list[str]:
+    """What differs between one ``generate()`` call's returned outputs, its stream, and plain sampling's scores."""
+    problems = []
+    tokens = out.sequences[0, len(prompt):].tolist()
+    streamed = [t for put in streamer.puts[1:] for t in put]
+    if streamer.puts[:1] != [prompt] or streamed != tokens or streamer.ends != 1:
+        problems.append(f"the streamer got {streamer.puts} (end() {streamer.ends} times) for sequences {tokens}")
+    for name in ("scores", "logits", "hidden_states"):
+        rows = getattr(out, name, None)
+        if rows is None or len(rows) != len(tokens):
+            problems.append(f"{name}: {None if rows is None else len(rows)} entries for {len(tokens)} new tokens")
+    if problems:
+        return problems
+    with torch.no_grad():
+        for i in range(len(tokens)):
+            history = torch.tensor([prompt + tokens[:i]])
+            raw = plain(history, use_cache=False).logits[:, -1].to(torch.float32)
+            expected = processors(history, raw.clone()) if len(processors) else raw
+            if not torch.equal(out.logits[i].to(torch.float32), raw):
+                problems.append(f"logits[{i}] is not the target's raw logits after {prompt + tokens[:i]}")
+            if not torch.equal(out.scores[i].to(torch.float32), expected):
+                problems.append(f"scores[{i}] is not plain sampling's processed scores after {prompt + tokens[:i]}")
+    return problems
+
+
+def _heuristic(assistant, built: list) -> str | None:
+    """What is wrong with the schedule ``generate()`` restored (``None``: the assistant holds the last generator's length)."""
+    ended = getattr(built[-1], "num_assistant_tokens", None) if built else None
+    held = assistant.generation_config.num_assistant_tokens
+    if ended is not None and held != ended:
+        return f"the heuristic schedule's draft length ended at {ended} but the assistant's config holds {held}"
+    return None
+
+
+def _drives_heuristic(family: str, assistant) -> bool:
+    """Whether ``generate()`` restores a heuristic schedule for this family: an assistant model and a generator
+    subclassing ``AssistedCandidateGenerator`` (MTP drafts with the target's own layers)."""
+    from transformers.generation.candidate_generator import AssistedCandidateGenerator
+
+    cls = loop_models.installed_class(family)
+    return (assistant is not None and hasattr(assistant, "generation_config") and family != loop_models.MTP
+            and cls is not None and issubclass(cls, AssistedCandidateGenerator))
+
+
+def _ensemble(setup, prompt_ids) -> str:
+    """The greedy ``assistant_ensemble_weight`` branch on this case's models, said in one clause."""
+    from transformers import GenerationConfig
+
+    if "assistant_ensemble_weight" not in GenerationConfig().to_dict():
+        return ""
+    config = copy.deepcopy(setup.generation_config)
+    config.do_sample = False
+    for key in SAMPLING_ONLY:
+        setattr(config, key, None)
+    plain = setup.target.generate(prompt_ids, generation_config=copy.deepcopy(config))
+    config.assistant_ensemble_weight = ENSEMBLE_WEIGHT
+    mixed = setup.target.generate(prompt_ids, generation_config=config, **setup.generate_kwargs)
+    differs = "departs from" if not torch.equal(plain, mixed) else "equals"
+    return (f"; assistant_ensemble_weight={ENSEMBLE_WEIGHT} (greedy) is lossy by design and not checked for "
+            f"losslessness: here it {differs} plain greedy decoding")
+
+
+def run_options_case(case: Case, seed: int = 0, timeout: float = 600.0) -> CaseResult:
+    """The options case: ``lossless`` when every call's outputs, stream and restored schedule are right,
+    ``not_lossless`` at the first that is not (the reason says what), ``skipped`` or ``error`` (``generate()`` raised)."""
+    from lossless_check.modes.generate import _setup
+
+    result = case.result()
+    reason = skip_reason(case)
+    if reason is not None:
+        result.verdict, result.reason = "skipped", reason
+        return result
+
+    def run() -> CaseResult:
+        started = time.perf_counter()
+        scenario = case.scenario
+        setup = _setup(case, case.max_new_tokens)
+        family = case.generator.adapter.name
+        config = copy.deepcopy(setup.generation_config)
+        for key, value in OUTPUT_OPTIONS.items():
+            setattr(config, key, value)
+        assistant = setup.generate_kwargs.get("assistant_model")
+        heuristic = _drives_heuristic(family, assistant)
+        if heuristic:
+            assistant.generation_config.num_assistant_tokens_schedule = "heuristic"
+        plain = fixed_logits_lm(scenario.target, prompt_length=len(scenario.prompt))
+        processors, _ = capture_processors(plain, setup.prompt_ids, case.warpers, case.max_new_tokens,
+                                           do_sample=bool(config.do_sample))
+        built = _keeping_generator(setup.target)
+        hook = setup.target.register_forward_hook(_with_attentions, with_kwargs=True)
+        prompt = list(scenario.prompt)
+        problems: list[str] = []
+        lengths = set()
+        seed_streams(seed)
+        # _quiet_loading: MTP's generator loads its layers (from_pretrained) at every generate() call.
+        with deadline(timeout, "options mode's generate() calls"), _quiet_loading():
+            try:
+                for _ in range(CALLS):
+                    streamer = RecordingStreamer()
+                    out = setup.target.generate(setup.prompt_ids, generation_config=config, streamer=streamer,
+                                                **setup.generate_kwargs)
+                    problems += check_call(out, streamer, prompt, plain, processors)
+                    if heuristic:
+                        lengths.add(assistant.generation_config.num_assistant_tokens)
+                        problems += [p for p in [_heuristic(assistant, built)] if p]
+                    if problems:
+                        break
+                ensemble = _ensemble(setup, setup.prompt_ids) if family == loop_models.ASSISTED else ""
+            except Exception as exc:  # noqa: BLE001 - the generator under test (or the loop) failed
+                raise GeneratorFailure(f"generate() raised {one_line(exc)}") from exc
+            finally:
+                hook.remove()
+        result.samples, result.alpha_case = CALLS, 0.0
+        result.seconds = time.perf_counter() - started
+        checked = ("sequences, streamed tokens, scores (plain sampling's processed logits), raw logits and hidden "
+                   "states agree at every position")
+        schedule = (f"; the heuristic draft schedule (lengths {sorted(lengths)} after the calls) was restored into "
+                    f"the assistant's config every time" if heuristic else "")
+        if problems:
+            result.verdict = "not_lossless"
+            result.failed_checks = ["outputs"]
+            result.reason = f"{problems[0]} ({len(problems)} problems)"
+        else:
+            result.verdict = "lossless"
+            result.reason = (f"{CALLS} generate() calls with return_dict_in_generate, every output option and a "
+                             f"streamer: {checked}{schedule}")
+        result.reason += ensemble
+        return result
+
+    return guarded(case, run)
+
+
+__all__ = ["CALLS", "OUTPUT_OPTIONS", "RecordingStreamer", "check_call", "options_cases", "run_options_case",
+           "skip_reason"]
