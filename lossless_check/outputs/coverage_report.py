@@ -23,6 +23,8 @@ from lossless_check.subjects.code_scope import CodeFile, out_of_reach
 #: The report's file names, beside a gate's reports (``coverage-html/``: coverage.py's annotated sources).
 COVERAGE_NAMES = ("coverage.json", "coverage.md", "coverage.html")
 ANNOTATED_DIR = "coverage-html"
+#: coverage.py's own data file of the run (SQLite): ``coverage report --data-file=...`` reads it, and runs combine.
+DATA_NAME = "coverage.data"
 #: Never-run lines named in a headline before "...".
 HEADLINE_GAPS = 4
 
@@ -268,13 +270,25 @@ def coverage_html(report: CoverageReport, annotated: str | None = None) -> str:
             f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n")
 
 
+def save_data(cov, path: Path) -> None:
+    """Write ``cov``'s merged data as a coverage.py data file at ``path`` (replacing one there)."""
+    from coverage import CoverageData
+
+    path.unlink(missing_ok=True)
+    saved = CoverageData(basename=str(path))
+    saved.update(cov.get_data())
+    saved.write()
+
+
 def write_coverage_reports(report: CoverageReport, cov, out_dir: str | Path, annotated: bool = True) -> list[Path]:
-    """Write ``coverage.json``, ``coverage.md`` and ``coverage.html`` into ``out_dir`` (and, with ``annotated``,
-    coverage.py's annotated sources of the measured files into ``coverage-html/``); return the paths."""
+    """Write ``coverage.json``, ``coverage.md`` and ``coverage.html`` into ``out_dir``, and coverage.py's data file
+    (:data:`DATA_NAME`) and, with ``annotated``, its annotated sources of the measured files (``coverage-html/``);
+    return the paths of the three reports."""
     from lossless_check.running.journal import write_atomically
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    save_data(cov, out / DATA_NAME)
     if annotated:
         cov.html_report(directory=str(out / ANNOTATED_DIR), include=[f.path for f in report.files],
                         title="lossless-check: the subject's code a run executed")
@@ -286,5 +300,5 @@ def write_coverage_reports(report: CoverageReport, cov, out_dir: str | Path, ann
     return paths
 
 
-__all__ = ["COVERAGE_NAMES", "CoverageReport", "FileCoverage", "FunctionCoverage", "build_report", "coverage_html",
+__all__ = ["COVERAGE_NAMES", "DATA_NAME", "save_data", "CoverageReport", "FileCoverage", "FunctionCoverage", "build_report", "coverage_html",
            "coverage_json", "coverage_markdown", "focus_for", "line_ranges", "write_coverage_reports"]

@@ -1,0 +1,62 @@
+"""Options mode: what generate() returns and streams beside the tokens, exactly, and the heuristic schedule's restore."""
+
+import copy
+from types import SimpleNamespace
+
+import torch
+
+from lossless_check.faces.api import cases_for
+from lossless_check.laws.stubs import fixed_logits_lm
+from lossless_check.laws.warpers import capture_processors
+from lossless_check.modes.generate import _setup
+from lossless_check.modes.loop_options import (
+    OUTPUT_OPTIONS, RecordingStreamer, _heuristic, check_call, run_options_case,
+)
+
+
+def _one_call():
+    [case] = cases_for(["PromptLookupCandidateGenerator"], mode="options")
+    setup = _setup(case, case.max_new_tokens)
+    config = copy.deepcopy(setup.generation_config)
+    for key, value in OUTPUT_OPTIONS.items():
+        setattr(config, key, value)
+    config.output_attentions = False  # the stub returns none (options mode adds them by a hook)
+    streamer = RecordingStreamer()
+    torch.manual_seed(0)
+    out = setup.target.generate(setup.prompt_ids, generation_config=config, streamer=streamer, **setup.generate_kwargs)
+    scenario = case.scenario
+    plain = fixed_logits_lm(scenario.target, prompt_length=len(scenario.prompt))
+    processors, _ = capture_processors(plain, setup.prompt_ids, case.warpers, case.max_new_tokens)
+    return out, streamer, list(scenario.prompt), plain, processors
+
+
+def test_a_correct_call_agrees_and_tampered_outputs_do_not():
+    out, streamer, prompt, plain, processors = _one_call()
+    assert check_call(out, streamer, prompt, plain, processors) == []
+    # Negative controls: each kind of disagreement is reported.
+    shifted = copy.copy(out)
+    shifted.scores = (out.scores[-1],) + tuple(out.scores[:-1])
+    assert any("scores[" in p for p in check_call(shifted, streamer, prompt, plain, processors))
+    raw = copy.copy(out)
+    raw.scores = out.logits  # raw logits returned as scores: the processors (top_k, temperature) not applied
+    assert any("processed scores" in p for p in check_call(raw, streamer, prompt, plain, processors))
+    short = RecordingStreamer()
+    short.puts, short.ends = streamer.puts[:-1], streamer.ends
+    assert any("streamer" in p for p in check_call(out, short, prompt, plain, processors))
+    fewer = copy.copy(out)
+    fewer.logits = out.logits[:-1]
+    assert any(p.startswith("logits:") for p in check_call(fewer, streamer, prompt, plain, processors))
+
+
+def test_the_restored_schedule_is_checked():
+    assistant = SimpleNamespace(generation_config=SimpleNamespace(num_assistant_tokens=7))
+    assert _heuristic(assistant, [SimpleNamespace(num_assistant_tokens=7)]) is None
+    assert "ended at 9" in _heuristic(assistant, [SimpleNamespace(num_assistant_tokens=9)])
+
+
+def test_options_case_of_the_assisted_family():
+    [case] = cases_for(["AssistedCandidateGenerator"], mode="options")
+    result = run_options_case(case, seed=0)
+    assert result.verdict == "lossless", result.reason
+    assert "heuristic draft schedule" in result.reason
+    assert "lossy by design" in result.reason  # the greedy ensemble weight is never called lossless
