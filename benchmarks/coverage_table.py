@@ -61,15 +61,14 @@ def combined_report(gate_dirs: list[Path], out: Path):
     return build_report(cov, subject_files(), processes=len(gate_dirs))
 
 
-def page(report, release: str, command: str, gates: dict, overhead: str) -> str:
+def page(report, release: str, command: str, gates: dict, overhead: str, matrix: str) -> str:
     """The docs page: the command, the totals, the headline functions, then every function."""
     from lossless_check.outputs.coverage_report import coverage_markdown
 
     lines = ["# What the gate executes (coverage)", "",
              f"Measured on transformers {release} with `--coverage` (coverage.py, statements and branches, every "
-             f"process) over the gate of every built-in generator; written by:", "",
-             "<!-- example: not run (minutes; benchmarks/coverage_table.py) -->", "```bash", command, "```", "",
-             "| gate | exit |", "|---|---|"]
+             f"process) over the gate of every built-in generator, matrix `{matrix}`; this page is written by "
+             f"`{command}`.", "", "| gate | exit |", "|---|---|"]
     lines += [f"| `{name}` | {code} |" for name, code in gates.items()]
     lines += ["", overhead, "", "## Totals", "",
               "| code | statements run | share | in reach | branches taken |", "|---|---|---|---|---|"]
@@ -120,14 +119,15 @@ def main() -> int:
                                          args.workers, coverage)[1])
         ratio = sum(times[True]) / sum(times[False])
         overhead = (f"Cost of `--coverage` (gate of `{args.overhead}`, matrix {args.matrix}, {args.workers} workers, "
-                    f"each way twice, alternating): {sum(times[False]) / 2:.0f} s without, {sum(times[True]) / 2:.0f} s "
+                    f"each way twice, alternating): {sum(times[False]) / 2:.0f} s without, "
+                    f"{sum(times[True]) / 2:.0f} s "
                     f"with, ratio {ratio:.2f}.")
         print(overhead, file=sys.stderr)
     report = combined_report(dirs, args.out)
     command = (f"python benchmarks/coverage_table.py --transformers {release} --matrix {args.matrix} --workers "
                f"{args.workers}" + (f" --overhead {args.overhead}" if args.overhead else "")
                + (f" --doc {args.doc}" if args.doc else ""))
-    text = page(report, release, command, gates, overhead)
+    text = page(report, release, command, gates, overhead, args.matrix)
     if args.doc:
         args.doc.write_text(text)
     print(report.headline())

@@ -1,4 +1,4 @@
-"""Options mode: what generate() returns and streams beside the tokens, exactly, and the heuristic schedule's restore."""
+"""Options mode: what generate() returns and streams beside the tokens, exactly; the heuristic schedule's restore."""
 
 import copy
 from types import SimpleNamespace
@@ -10,7 +10,11 @@ from lossless_check.laws.stubs import fixed_logits_lm
 from lossless_check.laws.warpers import capture_processors
 from lossless_check.modes.generate import _setup
 from lossless_check.modes.loop_options import (
-    OUTPUT_OPTIONS, RecordingStreamer, _heuristic, check_call, run_options_case,
+    OUTPUT_OPTIONS,
+    RecordingStreamer,
+    _heuristic,
+    check_call,
+    run_options_case,
 )
 
 

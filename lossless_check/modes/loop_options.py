@@ -141,7 +141,8 @@ def check_call(out, streamer: RecordingStreamer, prompt: list[int], plain, proce
 
 
 def _heuristic(assistant, built: list) -> str | None:
-    """What is wrong with the schedule ``generate()`` restored (``None``: the assistant holds the last generator's length)."""
+    """What is wrong with the schedule ``generate()`` restored (``None``: the assistant holds the length the last
+    generator ended with)."""
     ended = getattr(built[-1], "num_assistant_tokens", None) if built else None
     held = assistant.generation_config.num_assistant_tokens
     if ended is not None and held != ended:
@@ -179,7 +180,8 @@ def _ensemble(setup, prompt_ids) -> str:
 
 def run_options_case(case: Case, seed: int = 0, timeout: float = 600.0) -> CaseResult:
     """The options case: ``lossless`` when every call's outputs, stream and restored schedule are right,
-    ``not_lossless`` at the first that is not (the reason says what), ``skipped`` or ``error`` (``generate()`` raised)."""
+    ``not_lossless`` at the first that is not (the reason says what), ``skipped``, or ``error`` (``generate()``
+    raised)."""
     from lossless_check.modes.generate import _setup
 
     result = case.result()

@@ -295,10 +295,11 @@ def write_coverage_reports(report: CoverageReport, cov, out_dir: str | Path, ann
     texts = (coverage_json(report), coverage_markdown(report),
              coverage_html(report, ANNOTATED_DIR if annotated else None))
     paths = [out / name for name in COVERAGE_NAMES]
-    for path, text in zip(paths, texts):
+    for path, text in zip(paths, texts, strict=True):
         write_atomically(path, text)
     return paths
 
 
-__all__ = ["COVERAGE_NAMES", "DATA_NAME", "save_data", "CoverageReport", "FileCoverage", "FunctionCoverage", "build_report", "coverage_html",
+__all__ = ["COVERAGE_NAMES", "DATA_NAME", "CoverageReport", "FileCoverage", "FunctionCoverage", "build_report",
+           "coverage_html", "save_data",
            "coverage_json", "coverage_markdown", "focus_for", "line_ranges", "write_coverage_reports"]
