@@ -204,8 +204,15 @@ def resolve_scenario(name: str, mode: str = "step"):
         from lossless_check.modes.generate import TINY_LLAMA
 
         return TINY_LLAMA
+    if name == "markov8-seq2seq":
+        if mode not in ("generate", "options"):
+            raise UsageError("the markov8-seq2seq scenario (encoder-decoder stubs) runs in generate and options "
+                             "modes only (--mode generate or options)")
+        from lossless_check.modes.seq2seq import SEQ2SEQ
+
+        return SEQ2SEQ
     if name not in SCENARIOS:
-        raise UsageError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}, tiny-llama")
+        raise UsageError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}, tiny-llama, markov8-seq2seq")
     return SCENARIOS[name]
 
 

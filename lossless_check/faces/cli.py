@@ -30,7 +30,7 @@ DEFAULT_SAMPLES = 5_000
 DEFAULT_SCENARIO = "markov8"
 SCENARIO_NAMES = ("markov8", "iid8", "iid32-fast-tokenizers", "iid32-id-ordered-vocab", "bpe-fast-tokenizers",
                   "bpe-id-ordered-vocab", "zipf32k", "markov8-bf16", "zipf32k-bf16", "zipf32k-fp16",
-                  "iid8-padded-drafter", "lm49k", "tiny-llama")
+                  "iid8-padded-drafter", "lm49k", "tiny-llama", "markov8-seq2seq")
 MATRICES = ("smoke", "default", "full")
 #: Whether the gate measures coverage unless told not to (on: it cost under 15% of the gate's time, measured
 #: side by side in benchmarks/coverage_table.py).
@@ -44,8 +44,9 @@ class _Parser(argparse.ArgumentParser):
 
 def _common(parser: argparse.ArgumentParser, samples_help: str) -> None:
     parser.add_argument("--scenario", default=None,
-                        help=f"{', '.join(SCENARIO_NAMES[:-1])} (fixed logits) or tiny-llama (random 2-layer Llamas, "
-                             f"generate mode only); default {DEFAULT_SCENARIO}, and the default and full matrices add "
+                        help=f"{', '.join(SCENARIO_NAMES[:-2])} (fixed logits), tiny-llama (random 2-layer Llamas, "
+                             f"generate mode only) or markov8-seq2seq (encoder-decoder stubs, generate and options "
+                             f"modes); default {DEFAULT_SCENARIO}, and the default and full matrices add "
                              f"their real-world cases (zipf32k under top_p=0.9, iid32-fast-tokenizers)")
     parser.add_argument("--samples", type=positive_int, default=DEFAULT_SAMPLES, help=samples_help)
     parser.add_argument("--alpha", type=probability, default=1e-6,

@@ -155,6 +155,10 @@ def _setup(case: Case, max_new_tokens: int) -> _Setup:
     from transformers import GenerationConfig
 
     scenario = case.scenario
+    if getattr(scenario, "encoder_decoder", False):  # markov8-seq2seq: encoder-decoder stubs (.seq2seq)
+        from lossless_check.modes.seq2seq import seq2seq_setup
+
+        return seq2seq_setup(case, max_new_tokens)
     family = case.generator.adapter.name
     prompt_ids = torch.tensor([scenario.prompt], dtype=torch.long)
     config = GenerationConfig(do_sample=True, max_new_tokens=max_new_tokens, **release_warpers(case.warpers))
@@ -297,6 +301,10 @@ def skip_reason(case: Case) -> str | None:
     if generator.generator_class is None:
         return f"{name} {ABSENT}"
     scenario = case.scenario
+    if getattr(scenario, "encoder_decoder", False):
+        from lossless_check.modes.seq2seq import skip_reason as seq2seq_skip
+
+        return seq2seq_skip(case)
     if isinstance(scenario, TinyLlamaScenario):
         if name not in (loop_models.ASSISTED, loop_models.PROMPT_LOOKUP):
             return f"the {scenario.name} scenario has a Llama assistant: it drives the assistant-model and prompt-lookup paths, not {name}"

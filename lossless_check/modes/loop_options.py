@@ -13,6 +13,8 @@ Exact checks, per call (no statistics, no share of alpha):
   same config, :func:`~lossless_check.laws.warpers.capture_processors`): equal, element for element;
 - *logits*: ``output_logits`` row ``i`` is the target's raw logits there, equal element for element;
 - *hidden states*: one entry per new token;
+- *shapes*: every per-token output (attentions, cross-attentions, hidden states) is shaped as plain decoding's
+  (the same target and config without the drafter; shapes depend on the position only);
 - *heuristic schedule* (families whose generator subclasses ``AssistedCandidateGenerator`` with an assistant
   model, MTP excepted): the assistant's ``num_assistant_tokens_schedule`` is ``"heuristic"``, so the draft length
   moves across rounds, and after each call the assistant's config holds the length the call's generator ended
@@ -86,19 +88,34 @@ class RecordingStreamer:
 
 
 def _with_attentions(module, args, kwargs, output):
-    """A forward hook: attention weights (zeros, one layer, one head) when ``output_attentions`` is asked, as a
+    """A forward hook: attention weights (zeros, one layer, several heads) when ``output_attentions`` is asked, as a
     real decoder returns them (the stubs have no attention; 5.24's loop indexes ``outputs.attentions[0]``)."""
-    if not kwargs.get("output_attentions") or getattr(output, "attentions", None) is not None:
+    if (not kwargs.get("output_attentions") or getattr(output, "attentions", None) is not None
+            or hasattr(output, "decoder_attentions")):  # an encoder-decoder stub returns its own
         return output
     from lossless_check.laws.stubs import output_cache
 
     queries = output.logits.shape[1] if kwargs.get("logits_to_keep") in (None, 0) else None
     ids = kwargs.get("input_ids", args[0] if args else None)
     queries = ids.shape[1] if ids is not None else queries
+    from lossless_check.laws.seq2seq_stubs import ATTENTION_HEADS
+
     cache = output_cache(output)
     keys = cache.get_seq_length() if cache is not None else queries
-    output.attentions = (torch.zeros(ids.shape[0], 1, queries, keys),)
+    output.attentions = (torch.zeros(ids.shape[0], ATTENTION_HEADS, queries, keys),)
     return output
+
+
+def _full_hidden_states(target) -> None:
+    """Make a decoder-only fixed-logits target return hidden states at every input position, as a real decoder does
+    (5.25's loop checks their length against its input), whatever ``logits_to_keep`` asks of the logits: its class
+    gains :class:`~lossless_check.modes.loop_models.FullHiddenStates` (behaviour only: same modules and weights)."""
+    from lossless_check.laws.stubs import FixedLogitsLM
+
+    if isinstance(target, FixedLogitsLM) and not isinstance(target, loop_models.FullHiddenStates) \
+            and not target.config.is_encoder_decoder:
+        target.__class__ = type(f"{type(target).__name__}FullHiddenStates",
+                                (loop_models.FullHiddenStates, type(target)), {})
 
 
 def _keeping_generator(target) -> list:
@@ -122,7 +139,8 @@ def check_call(out, streamer: RecordingStreamer, prompt: list[int], plain, proce
     streamed = [t for put in streamer.puts[1:] for t in put]
     if streamer.puts[:1] != [prompt] or streamed != tokens or streamer.ends != 1:
         problems.append(f"the streamer got {streamer.puts} (end() {streamer.ends} times) for sequences {tokens}")
-    for name in ("scores", "logits", "hidden_states"):
+    hidden = "decoder_hidden_states" if hasattr(out, "decoder_hidden_states") else "hidden_states"
+    for name in ("scores", "logits", hidden):
         rows = getattr(out, name, None)
         if rows is None or len(rows) != len(tokens):
             problems.append(f"{name}: {None if rows is None else len(rows)} entries for {len(tokens)} new tokens")
@@ -138,6 +156,45 @@ def check_call(out, streamer: RecordingStreamer, prompt: list[int], plain, proce
             if not torch.equal(out.scores[i].to(torch.float32), expected):
                 problems.append(f"scores[{i}] is not plain sampling's processed scores after {prompt + tokens[:i]}")
     return problems
+
+
+#: The per-token outputs a ``generate()`` call returns beside ``sequences``, ``scores`` and ``logits``.
+PER_TOKEN = ("attentions", "hidden_states", "decoder_attentions", "cross_attentions", "decoder_hidden_states")
+
+
+def _shapes(entry) -> list:
+    return [tuple(t.shape) for t in entry] if isinstance(entry, (tuple, list)) else [tuple(entry.shape)]
+
+
+def shape_problems(out, plain) -> list[str]:
+    """Where the per-token outputs of a speculative call are shaped unlike plain decoding's (same model, config and
+    options: the shapes depend on the position only, never on the tokens)."""
+    problems = []
+    for name in PER_TOKEN:
+        mine, theirs = getattr(out, name, None), getattr(plain, name, None)
+        if mine is None or theirs is None:
+            if (mine is None) != (theirs is None):
+                problems.append(f"{name}: {'none' if mine is None else 'some'} returned where plain decoding "
+                                f"returns {'none' if theirs is None else 'some'}")
+            continue
+        for i in range(min(len(mine), len(theirs))):
+            if _shapes(mine[i]) != _shapes(theirs[i]):
+                problems.append(f"{name}[{i}] has shapes {_shapes(mine[i])} where plain decoding returns "
+                                f"{_shapes(theirs[i])}")
+                break
+    return problems
+
+
+def _plain_call(setup, config):
+    """Plain decoding's outputs under ``config``: the same target and call, without what routes the family."""
+    from transformers import GenerationConfig
+
+    plain_config = copy.deepcopy(config)
+    defaults = GenerationConfig()
+    for key in setup.routing:
+        setattr(plain_config, key, getattr(defaults, key, None))
+    kwargs = {k: v for k, v in setup.generate_kwargs.items() if k == "decoder_input_ids"}
+    return setup.target.generate(setup.prompt_ids, generation_config=plain_config, **kwargs)
 
 
 def _heuristic(assistant, built: list) -> str | None:
@@ -205,11 +262,13 @@ def run_options_case(case: Case, seed: int = 0, timeout: float = 600.0) -> CaseR
         plain = fixed_logits_lm(scenario.target, prompt_length=len(scenario.prompt))
         processors, _ = capture_processors(plain, setup.prompt_ids, case.warpers, case.max_new_tokens,
                                            do_sample=bool(config.do_sample))
+        _full_hidden_states(setup.target)
         built = _keeping_generator(setup.target)
         hook = setup.target.register_forward_hook(_with_attentions, with_kwargs=True)
         prompt = list(scenario.prompt)
         problems: list[str] = []
         lengths = set()
+        reference: list = []  # plain decoding's outputs, once
         seed_streams(seed)
         # _quiet_loading: MTP's generator loads its layers (from_pretrained) at every generate() call.
         with deadline(timeout, "options mode's generate() calls"), _quiet_loading():
@@ -219,6 +278,9 @@ def run_options_case(case: Case, seed: int = 0, timeout: float = 600.0) -> CaseR
                     out = setup.target.generate(setup.prompt_ids, generation_config=config, streamer=streamer,
                                                 **setup.generate_kwargs)
                     problems += check_call(out, streamer, prompt, plain, processors)
+                    if not problems and not reference:
+                        reference.append(_plain_call(setup, config))
+                        problems += shape_problems(out, reference[0])
                     if heuristic:
                         lengths.add(assistant.generation_config.num_assistant_tokens)
                         problems += [p for p in [_heuristic(assistant, built)] if p]
@@ -232,7 +294,8 @@ def run_options_case(case: Case, seed: int = 0, timeout: float = 600.0) -> CaseR
         result.samples, result.alpha_case = CALLS, 0.0
         result.seconds = time.perf_counter() - started
         checked = ("sequences, streamed tokens, scores (plain sampling's processed logits), raw logits and hidden "
-                   "states agree at every position")
+                   "states agree at every position, and the attentions and hidden states are shaped as plain "
+                   "decoding's")
         schedule = (f"; the heuristic draft schedule (lengths {sorted(lengths)} after the calls) was restored into "
                     f"the assistant's config every time" if heuristic else "")
         if problems:

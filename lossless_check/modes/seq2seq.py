@@ -1,0 +1,99 @@
+"""Encoder-decoder targets in generate and options mode: ``markov8-seq2seq``.
+
+Speculative decoding's canonical example is an encoder-decoder (Whisper with a distilled assistant), and
+``_assisted_decoding`` and ``AssistedCandidateGenerator`` have code for it that no decoder-only case runs (the
+assistant's own encoder outputs, ``decoder_input_ids`` as the drafting key, the ``EncoderDecoderCache``'s crop, the
+encoder-decoder outputs). The scenario's target and assistant are fixed-logits encoder-decoder stubs
+(:mod:`lossless_check.laws.seq2seq_stubs`) with markov8's tables; the prompt is the encoder's input and the
+decoder's prompt (``decoder_input_ids``), so the decoder's laws, and the exact laws of plain sampling, are
+markov8's. ``generate()`` routes the assistant model to ``AssistedCandidateGenerator`` (and a subclass is wired in
+where it builds it, :func:`~lossless_check.modes.loop_models.driving`); the other families need decoder-only models
+of their own kinds and are skipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lossless_check.evidence.results import Case
+from lossless_check.laws.scenarios import SCENARIOS, Scenario
+from lossless_check.modes import loop_models
+
+
+@dataclass(frozen=True)
+class Seq2SeqScenario(Scenario):
+    """A scenario whose target and assistant are encoder-decoder stubs."""
+
+    encoder_decoder: bool = True
+
+
+_BASE = SCENARIOS["markov8"]
+SEQ2SEQ = Seq2SeqScenario(name="markov8-seq2seq", target=_BASE.target, drafter=_BASE.drafter, prompt=_BASE.prompt,
+                          gamma=_BASE.gamma, tokenizers=_BASE.tokenizers,
+                          description="markov8's tables on encoder-decoder stubs (the prompt is the encoder's input "
+                                      "and the decoder's prompt)", dtype=_BASE.dtype)
+#: The stack of a seq2seq generate case: a truncating one, under which a wrong q or crop moves the output law.
+SEQ2SEQ_STACK = {"top_k": 3}
+
+
+def is_seq2seq(scenario) -> bool:
+    return bool(getattr(scenario, "encoder_decoder", False))
+
+
+def skip_reason(case: Case) -> str | None:
+    """Why an encoder-decoder case cannot run (``None``: the assisted family, or a subclass of it)."""
+    if case.generator.adapter.name != loop_models.ASSISTED:
+        return (f"generate() routes an encoder-decoder assistant model to {loop_models.ASSISTED}; "
+                f"{case.generator.adapter.name} needs decoder-only models of its own kind")
+    return None
+
+
+def seq2seq_cases(generators: list, modes: tuple[str, ...]) -> list[Case]:
+    """The gate's encoder-decoder cases of ``generators``: a generate case and an options case each, in the modes
+    given, for the assisted family (the others would be skipped)."""
+    from lossless_check.modes.loop_options import OPTIONS_STACK
+
+    cases = []
+    for g in generators:
+        if g.adapter.name != loop_models.ASSISTED:
+            continue
+        if "generate" in modes:
+            cases.append(Case(g, dict(SEQ2SEQ_STACK), "generate", SEQ2SEQ))
+        if "options" in modes:
+            cases.append(Case(g, dict(OPTIONS_STACK), "options", SEQ2SEQ))
+    return cases
+
+
+def seq2seq_setup(case: Case, max_new_tokens: int):
+    """Generate mode's set-up (:class:`~lossless_check.modes.generate._Setup`) on the encoder-decoder stubs."""
+    from transformers import GenerationConfig
+
+    from lossless_check.core.compat import loop_eos, release_warpers
+    from lossless_check.laws.expected import ExactLaws
+    from lossless_check.laws.seq2seq_stubs import fixed_logits_seq2seq
+    from lossless_check.laws.stubs import fixed_logits_lm
+    from lossless_check.laws.warpers import capture_processors
+    from lossless_check.modes.generate import _eos_ids, _Setup
+    from lossless_check.subjects.adapters.base import constant_drafts
+
+    scenario = case.scenario
+    prompt_ids = torch.tensor([scenario.prompt], dtype=torch.long)
+    config = GenerationConfig(do_sample=True, max_new_tokens=max_new_tokens, **release_warpers(case.warpers))
+    loop_eos(config, scenario.vocab_size)
+    # The decoder's laws are the decoder-only stub's (module docstring): its processors and exact laws.
+    plain = fixed_logits_lm(scenario.target, prompt_length=len(scenario.prompt))
+    processors, prepared = capture_processors(plain, prompt_ids, case.warpers, max_new_tokens)
+    target = fixed_logits_seq2seq(scenario.target, scenario.prompt)
+    assistant = fixed_logits_seq2seq(scenario.drafter, scenario.prompt, **constant_drafts(scenario.gamma))
+    base = loop_models.installed_class(loop_models.ASSISTED)
+    if case.generator.generator_class is not base:
+        target = loop_models.driving(target, case.generator.generator_class, base)
+    return _Setup(target, {"assistant_model": assistant, "decoder_input_ids": prompt_ids}, prompt_ids, config,
+                  ExactLaws(scenario, processors).target, _eos_ids(prepared),
+                  route="assistant_model= on an encoder-decoder target")
+
+
+__all__ = ["SEQ2SEQ", "SEQ2SEQ_STACK", "Seq2SeqScenario", "is_seq2seq", "seq2seq_cases", "seq2seq_setup",
+           "skip_reason"]
