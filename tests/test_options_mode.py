@@ -64,3 +64,21 @@ def test_options_case_of_the_assisted_family():
     assert result.verdict == "lossless", result.reason
     assert "heuristic draft schedule" in result.reason
     assert "lossy by design" in result.reason  # the greedy ensemble weight is never called lossless
+
+
+def test_shapes_are_compared_with_plain_decodings():
+    from lossless_check.modes.loop_options import shape_problems
+
+    def out(**fields):
+        return SimpleNamespace(**{name: fields.get(name) for name in
+                                  ("attentions", "hidden_states", "decoder_attentions", "cross_attentions",
+                                   "decoder_hidden_states")})
+
+    per_token = ((torch.zeros(1, 4, 3, 3),), (torch.zeros(1, 4, 1, 3),))
+    assert shape_problems(out(cross_attentions=per_token), out(cross_attentions=per_token)) == []
+    # Negative control: weights split along the heads instead of the queries (5.25's _split_model_outputs).
+    split = ((torch.zeros(1, 3, 6, 3),), (torch.zeros(1, 1, 6, 3),))
+    [problem] = shape_problems(out(cross_attentions=split), out(cross_attentions=per_token))
+    assert problem.startswith("cross_attentions[0] has shapes [(1, 3, 6, 3)]")
+    assert shape_problems(out(), out(attentions=per_token)) == [
+        "attentions: none returned where plain decoding returns some"]
