@@ -66,7 +66,8 @@ def models_command(args) -> int:
         result = check_models(args.target, args.assistant, args.generator, args.warpers, args.prompts,
                               args.max_new_tokens, args.samples, args.alpha, args.seed, args.device, args.workers)
     print(result.table())
-    report_coverage(measurement, args.coverage_dir)
+    report_coverage(measurement, args.coverage_dir, list(dict.fromkeys(r.generator.rpartition(":")[2]
+                                                                        for r in result.rows)))
     if args.json:
         write_atomically(args.json, json.dumps(result.to_dict(), indent=2, default=str) + "\n")
     return result.exit_code
