@@ -14,6 +14,7 @@ alternating) and states the ratio of their wall times, which decides whether the
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import time
@@ -40,9 +41,48 @@ def _gate(python: str, generator: str, out: Path, matrix: str, workers: int, cov
     return code, time.perf_counter() - started
 
 
+def _loaded(data_file: Path):
+    import coverage
+
+    cov = coverage.Coverage(data_file=str(data_file), branch=True, config_file=False)
+    cov.load()
+    return cov
+
+
+def external_gate(python: str, generator: str, out: Path, matrix: str) -> Path:
+    """``generator``'s gate run under coverage.py's own ``coverage run`` (one process: ``--workers 1``), measuring
+    the same files, without the gate's ``--coverage``; the path of its data file."""
+    from lossless_check.subjects.code_scope import subject_files
+
+    data = out / "external.data"
+    data.unlink(missing_ok=True)
+    include = ",".join(f.path for f in subject_files())
+    subprocess.run([python, "-m", "coverage", "run", f"--data-file={data}", "--branch", f"--include={include}", "-m",
+                    "lossless_check", "gate", "--generator", generator, "--matrix", matrix, "--workers", "1",
+                    "--out", str(out / "external-gate"), "--quiet", "--no-coverage"], cwd=ROOT,
+                   stdout=subprocess.DEVNULL, check=False)
+    return data
+
+
+def agreement(external: Path, ours: Path) -> str:
+    """Whether the gate's own report (its ``coverage.data``) and coverage.py's ``coverage run`` of the same gate
+    give every measured function the same lines run and branches taken; one sentence."""
+    from lossless_check.outputs.coverage_report import build_report
+    from lossless_check.subjects.code_scope import subject_files
+
+    def per_function(data_file: Path) -> dict:
+        report = build_report(_loaded(data_file), subject_files())
+        return {f.function: (f.run, tuple(f.never_run), f.branches_run) for f in report.functions()}
+
+    theirs, mine = per_function(external), per_function(ours)
+    differ = sorted(name for name in theirs if theirs[name] != mine.get(name))
+    if not differ:
+        return f"identical in all {len(theirs)} measured functions (lines run, lines never run, branches taken)"
+    return f"different in {len(differ)} of {len(theirs)} functions: {', '.join(differ)}"
+
+
 def combined_report(gate_dirs: list[Path], out: Path):
     """The coverage report of the union of the gates' data (run in the release's interpreter)."""
-    import coverage
     from coverage import CoverageData
 
     from lossless_check.outputs.coverage_report import DATA_NAME, build_report
@@ -56,9 +96,7 @@ def combined_report(gate_dirs: list[Path], out: Path):
         part.read()
         combined.update(part)
     combined.write()
-    cov = coverage.Coverage(data_file=str(path), branch=True, config_file=False)
-    cov.load()
-    return build_report(cov, subject_files(), processes=len(gate_dirs))
+    return build_report(_loaded(path), subject_files(), processes=len(gate_dirs))
 
 
 def page(report, release: str, command: str, gates: dict, overhead: str, matrix: str) -> str:
@@ -93,7 +131,11 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("coverage-table"))
     parser.add_argument("--doc", type=Path, default=None, help="write the page here")
     parser.add_argument("--overhead", metavar="GENERATOR", default=None)
-    parser.add_argument("--combine-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--agreement", metavar="GENERATOR", default=None,
+                        help="also run GENERATOR's gate under coverage.py's own `coverage run` and compare its data "
+                             "with the gate's own report")
+    parser.add_argument("--combine-only", action="store_true",
+                        help="run no gate: combine those already in --out (their exit codes kept in exits.json)")
     args = parser.parse_args()
     import transformers
 
@@ -104,13 +146,14 @@ def main() -> int:
     from lossless_check.subjects.adapters import DEFAULT_GENERATORS
 
     release = transformers.__version__
-    gates, dirs = {}, []
-    for generator in DEFAULT_GENERATORS:
-        folder = args.out / generator
+    exits = args.out / "exits.json"
+    gates = json.loads(exits.read_text()) if args.combine_only and exits.is_file() else {}
+    dirs = [args.out / generator for generator in DEFAULT_GENERATORS]
+    for generator, folder in zip(DEFAULT_GENERATORS, dirs, strict=True):
         if not args.combine_only:
             gates[generator], seconds = _gate(sys.executable, generator, folder, args.matrix, args.workers, True)
             print(f"{generator}: exit {gates[generator]} in {seconds:.0f} s", file=sys.stderr)
-        dirs.append(folder)
+            exits.write_text(json.dumps(gates))
     overhead = ""
     if args.overhead:
         times: dict[bool, list[float]] = {False: [], True: []}
@@ -123,9 +166,16 @@ def main() -> int:
                     f"{sum(times[True]) / 2:.0f} s "
                     f"with, ratio {ratio:.2f}.")
         print(overhead, file=sys.stderr)
+    if args.agreement:
+        said = agreement(external_gate(sys.executable, args.agreement, args.out, args.matrix),
+                         args.out / args.agreement / "coverage.data")
+        overhead += (f"\n\nAgreement with coverage.py's own `coverage run` of the gate of `{args.agreement}` (one "
+                     f"process) and the gate's report ({args.workers} workers): {said}.")
+        print(said, file=sys.stderr)
     report = combined_report(dirs, args.out)
     command = (f"python benchmarks/coverage_table.py --transformers {release} --matrix {args.matrix} --workers "
                f"{args.workers}" + (f" --overhead {args.overhead}" if args.overhead else "")
+               + (f" --agreement {args.agreement}" if args.agreement else "")
                + (f" --doc {args.doc}" if args.doc else ""))
     text = page(report, release, command, gates, overhead, args.matrix)
     if args.doc:
