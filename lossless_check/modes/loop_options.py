@@ -4,7 +4,9 @@ Generate mode checks the law of the emitted tokens; the code of ``_assisted_deco
 gets back besides them ran in no case (measured with ``--coverage``). A case here is one generator family on a
 fixed-logits scenario, driven through the real ``generate()`` exactly as generate mode drives it
 (:func:`~.generate._setup`), with every output option on and a streamer, for :data:`CALLS` sampling calls.
-Exact checks, per call (no statistics, no share of alpha):
+Each call passes an attention mask (and token type ids, or the decoder's mask) over the prompt, as a tokenizer's
+output does, so the loop grows and crops them with the candidates. Exact checks, per call (no statistics, no share
+of alpha):
 
 - *returned vs emitted*: the streamer received the prompt, then exactly the new tokens of ``sequences``, and
   ``end()`` once;
@@ -106,16 +108,36 @@ def _with_attentions(module, args, kwargs, output):
     return output
 
 
-def _full_hidden_states(target) -> None:
-    """Make a decoder-only fixed-logits target return hidden states at every input position, as a real decoder does
-    (5.25's loop checks their length against its input), whatever ``logits_to_keep`` asks of the logits: its class
-    gains :class:`~lossless_check.modes.loop_models.FullHiddenStates` (behaviour only: same modules and weights)."""
+def _taking_token_types(base: type) -> type:
+    """``base`` with a ``forward`` that also takes ``token_type_ids`` (and ignores them: the laws are the table's),
+    so that ``generate()`` accepts them and the loop grows them with the candidates. The forward keeps ``base``'s
+    signature otherwise: ``generate()`` reads it (which inputs the model takes)."""
+    import inspect
+
+    def forward(self, *args, token_type_ids=None, **kwargs):
+        return base.forward(self, *args, **kwargs)
+
+    signature = inspect.signature(base.forward)
+    parameters = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    parameters.append(inspect.Parameter("token_type_ids", inspect.Parameter.KEYWORD_ONLY, default=None))
+    parameters += [p for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD]
+    forward.__signature__ = signature.replace(parameters=parameters)
+    return type(f"{base.__name__}TokenTypes", (base,), {"forward": forward})
+
+
+def _options_model(model) -> None:
+    """Make a decoder-only fixed-logits model take ``token_type_ids`` (:func:`_taking_token_types`) and return
+    hidden states at every input position, as a real decoder does (5.25's loop checks their length against its
+    input), whatever ``logits_to_keep`` asks of the logits (:class:`~lossless_check.modes.loop_models.FullHiddenStates`).
+    Its class gains them: behaviour only, same modules and weights."""
     from lossless_check.laws.stubs import FixedLogitsLM
 
-    if isinstance(target, FixedLogitsLM) and not isinstance(target, loop_models.FullHiddenStates) \
-            and not target.config.is_encoder_decoder:
-        target.__class__ = type(f"{type(target).__name__}FullHiddenStates",
-                                (loop_models.FullHiddenStates, type(target)), {})
+    if not isinstance(model, FixedLogitsLM) or model.config.is_encoder_decoder:
+        return
+    base = type(model)
+    if not isinstance(model, loop_models.FullHiddenStates):
+        base = type(f"{base.__name__}FullHiddenStates", (loop_models.FullHiddenStates, base), {})
+    model.__class__ = _taking_token_types(base)
 
 
 def _keeping_generator(target) -> list:
@@ -185,6 +207,16 @@ def shape_problems(out, plain) -> list[str]:
     return problems
 
 
+def mask_kwargs(setup) -> dict:
+    """An attention mask (and token type ids) over the prompt, as a tokenizer returns them: the loop then grows
+    and crops them with the candidates (``_prepare_attention_mask``, ``_prepare_token_type_ids``)."""
+    ones = torch.ones_like(setup.prompt_ids)
+    if "decoder_input_ids" in setup.generate_kwargs:  # encoder-decoder: the encoder's mask and the decoder's
+        return {"attention_mask": ones, "decoder_attention_mask": torch.ones_like(setup.generate_kwargs[
+            "decoder_input_ids"])}
+    return {"attention_mask": ones, "token_type_ids": torch.zeros_like(setup.prompt_ids)}
+
+
 def _plain_call(setup, config):
     """Plain decoding's outputs under ``config``: the same target and call, without what routes the family."""
     from transformers import GenerationConfig
@@ -194,7 +226,7 @@ def _plain_call(setup, config):
     for key in setup.routing:
         setattr(plain_config, key, getattr(defaults, key, None))
     kwargs = {k: v for k, v in setup.generate_kwargs.items() if k == "decoder_input_ids"}
-    return setup.target.generate(setup.prompt_ids, generation_config=plain_config, **kwargs)
+    return setup.target.generate(setup.prompt_ids, generation_config=plain_config, **kwargs, **mask_kwargs(setup))
 
 
 def _heuristic(assistant, built: list) -> str | None:
@@ -262,7 +294,8 @@ def run_options_case(case: Case, seed: int = 0, timeout: float = 600.0) -> CaseR
         plain = fixed_logits_lm(scenario.target, prompt_length=len(scenario.prompt))
         processors, _ = capture_processors(plain, setup.prompt_ids, case.warpers, case.max_new_tokens,
                                            do_sample=bool(config.do_sample))
-        _full_hidden_states(setup.target)
+        _options_model(setup.target)
+        _options_model(setup.generate_kwargs.get("assistant_model"))  # the generator hands it the token types too
         built = _keeping_generator(setup.target)
         hook = setup.target.register_forward_hook(_with_attentions, with_kwargs=True)
         prompt = list(scenario.prompt)
@@ -276,7 +309,7 @@ def run_options_case(case: Case, seed: int = 0, timeout: float = 600.0) -> CaseR
                 for _ in range(CALLS):
                     streamer = RecordingStreamer()
                     out = setup.target.generate(setup.prompt_ids, generation_config=config, streamer=streamer,
-                                                **setup.generate_kwargs)
+                                                **setup.generate_kwargs, **mask_kwargs(setup))
                     problems += check_call(out, streamer, prompt, plain, processors)
                     if not problems and not reference:
                         reference.append(_plain_call(setup, config))

@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from lossless_check.subjects.code_scope import CodeFile, out_of_reach
+from lossless_check.subjects.code_scope import CodeFile, guarded_lines, out_of_reach
 
 #: The report's file names, beside a gate's reports (``coverage-html/``: coverage.py's annotated sources).
 COVERAGE_NAMES = ("coverage.json", "coverage.md", "coverage.html")
@@ -175,19 +175,20 @@ def build_report(cov, files: list[CodeFile], processes: int = 1, focus: list[str
         entry = by_path.get(os.path.realpath(f.path))
         if entry is None:
             continue
-        source = Path(f.path).read_text(encoding="utf-8", errors="replace").splitlines()
-        functions = [_function(f.module, name, region, source) for name, region in entry.get("functions", {}).items()
-                     if f.selects(name)]
+        text = Path(f.path).read_text(encoding="utf-8", errors="replace")
+        source, guarded = text.splitlines(), guarded_lines(text)
+        functions = [_function(f.module, name, region, source, guarded)
+                     for name, region in entry.get("functions", {}).items() if f.selects(name)]
         reported.append(FileCoverage(f.module, f.path, f.functions is None, functions))
     return CoverageReport(reported, f"coverage.py {coverage.__version__}", processes, list(focus or []))
 
 
-def _function(module: str, name: str, region: dict, source: list[str]) -> FunctionCoverage:
+def _function(module: str, name: str, region: dict, source: list[str], guarded: dict[int, str]) -> FunctionCoverage:
     summary = region["summary"]
     gaps, reached = [], []
     for line in region["missing_lines"]:
         text = source[line - 1].strip() if 0 < line <= len(source) else ""
-        reason = out_of_reach(name, text)
+        reason = guarded.get(line) or out_of_reach(name, text)
         if reason is None:
             gaps.append(line)
         else:

@@ -107,19 +107,62 @@ def _user_path(module: str) -> str | None:
 #: The first that matches a line no run executed gives its reason.
 _REASONS: tuple[tuple[str | None, str, str], ...] = (
     (None, r"^raise NotImplementedError\b", "abstract: every concrete generator overrides it"),
-    ("_assisted_decoding", r"^continue$",
-     "synced_gpus=True only (several GPUs under FSDP or DeepSpeed ZeRO-3, a peer finished first)"),
     ("_assisted_decoding", r"get_compiled_call",
      "a model torch.compile auto-compiles (a compileable cache on an accelerator)"),
     ("assisted_decoding", r"get_compiled_call",
      "a model torch.compile auto-compiles (a compileable cache on an accelerator)"),
+    ("_speculative_sampling", r"^p_prime = p_n_plus_1$",
+     "the ensemble's fallback when the residual [p - q]+ sums below float32's smallest normal number after a "
+     "rejection: a rejected draft x has p(x) < q(x), which leaves at least q(x) - p(x) of residual elsewhere, so it "
+     "needs p = q to float32 precision but at a draft of probability about 1e-30"),
+)
+#: Functions no ``generate()`` call runs: (qualified name, the reason).
+_FUNCTIONS = (
+    ("AssistantVocabTranslatorCache.cleanup", "a maintenance method for users: generate() never calls it"),
+)
+#: ``if`` statements whose body no run can reach here: (a regular expression on the test's source, the reason,
+#: whether it applies in this environment).
+_GUARDS: tuple[tuple[str, str, object], ...] = (
+    (r"is_sklearn_available\(\)", "needs scikit-learn (the assistant's confidence threshold tuned on an ROC curve), "
+     "which is not installed here", lambda: importlib.util.find_spec("sklearn") is None),
+    (r"synced_gpus", "synced_gpus=True only (several GPUs under FSDP or DeepSpeed ZeRO-3, a peer finished first)",
+     lambda: True),
+    (r"\bmm_encoder_outputs\b", "multimodal targets only (pre-encoded image or audio features)", lambda: True),
+    (r"\bcross_attention_mask\b", "multimodal targets only (Mllama's cross_attention_mask)", lambda: True),
+    (r"\bimage_attention_mask\b", "multimodal targets only (IDEFICS's image_attention_mask)", lambda: True),
 )
 _RAISE = re.compile(r"^raise\s+([A-Za-z_][\w.]*)")
 
 
+def guarded_lines(source: str) -> dict[int, str]:
+    """The lines of ``source`` (a module's text) inside the body of an ``if`` that a guard of :data:`_GUARDS`
+    names, with the guard's reason: out of reach wherever they are, whatever a case does."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return {}
+    lines: dict[int, str] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.If):
+            continue
+        test = ast.get_source_segment(source, node.test) or ""
+        for pattern, reason, applies in _GUARDS:
+            if re.search(pattern, test) and applies():
+                for statement in node.body:
+                    for line in range(statement.lineno, statement.end_lineno + 1):
+                        lines.setdefault(line, reason)
+                break
+    return lines
+
+
 def out_of_reach(function: str, source: str) -> str | None:
     """Why line ``source`` (stripped) of function region ``function`` is out of a run's reach on purpose, or
-    ``None`` (a gap: a case could execute it)."""
+    ``None`` (a gap: a case could execute it). Lines in a guarded block: :func:`guarded_lines`."""
+    for name, reason in _FUNCTIONS:
+        if function == name:
+            return reason
     name = function.rpartition(".")[2]
     for where, pattern, reason in _REASONS:
         if (where is None or where == name) and re.search(pattern, source):
@@ -131,5 +174,5 @@ def out_of_reach(function: str, source: str) -> str | None:
     return None
 
 
-__all__ = ["CodeFile", "LOOP_FUNCTIONS", "ROLLBACK_METHODS", "module_path", "out_of_reach", "subject_files",
-           "user_module"]
+__all__ = ["CodeFile", "LOOP_FUNCTIONS", "ROLLBACK_METHODS", "guarded_lines", "module_path", "out_of_reach",
+           "subject_files", "user_module"]
