@@ -90,13 +90,32 @@ def test_scope_finds_the_installed_files_and_a_user_module_without_importing():
 @pytest.mark.parametrize("function, source, expected", [
     ("CandidateGenerator.get_candidates", 'raise NotImplementedError(f"{self.__class__}")', "abstract"),
     ("DynamicLayer.crop", 'raise ValueError("Calling `crop` with a positive value")', "raises ValueError"),
-    ("GenerationMixin._assisted_decoding", "continue", "synced_gpus"),
     ("GenerationMixin._assisted_decoding", "scores += tuple(new_logits[:, i, :] for i in range(n))", None),
-    ("DynamicLayer.crop", "continue", None),  # a loop's continue elsewhere is a gap
+    ("DynamicLayer.crop", "continue", None),  # a loop's continue is a gap unless a guard says otherwise
+    ("AssistantVocabTranslatorCache.cleanup", "del cls._cache[key]", "never calls it"),
 ])
 def test_lines_out_of_reach_say_why(function, source, expected):
     reason = out_of_reach(function, source)
     assert (reason is None) if expected is None else (expected in reason)
+
+
+def test_guarded_blocks_are_out_of_reach_with_their_reason():
+    from lossless_check.subjects.code_scope import guarded_lines
+
+    source = "\n".join([
+        "def f(x, synced_gpus, model_kwargs):",                   # 1
+        "    if synced_gpus and x:",                              # 2
+        "        return 1",                                       # 3
+        "    if 'mm_encoder_outputs' in model_kwargs:",           # 4
+        "        y = 2",                                          # 5
+        "        return y",                                       # 6
+        "    if x > 3:",                                          # 7
+        "        return 3",                                       # 8 (a gap: nothing guards it)
+        "    return 0",                                           # 9
+    ])
+    guarded = guarded_lines(source)
+    assert set(guarded) == {3, 5, 6}
+    assert "synced_gpus" in guarded[3] and "multimodal" in guarded[5]
 
 
 def test_line_ranges():
