@@ -82,3 +82,25 @@ def test_shapes_are_compared_with_plain_decodings():
     assert problem.startswith("cross_attentions[0] has shapes [(1, 3, 6, 3)]")
     assert shape_problems(out(), out(attentions=per_token)) == [
         "attentions: none returned where plain decoding returns some"]
+
+
+def test_cache_kinds_roll_back_and_a_crop_that_does_nothing_is_caught():
+    from unittest import mock
+
+    from lossless_check.laws.scenarios import SCENARIOS
+    from lossless_check.modes import cache_kinds
+    from lossless_check.modes.loop_options import _greedy
+
+    [case] = cases_for(["AssistedCandidateGenerator"], mode="options")
+    config = _greedy(_setup(case, case.max_new_tokens))
+    problems, kinds = cache_kinds.check_cache_kinds(SCENARIOS["markov8"], config)
+    assert problems == [] and "StaticLayer" in kinds and "DynamicSlidingWindowLayer" in kinds
+    # Negative control: layers whose crop keeps the rejected drafts (a rollback bug) give other tokens.
+    absolute = cache_kinds.absolute_positions
+
+    def keeping_drafts(layer_class):
+        return type("KeepsDrafts", (absolute(layer_class),), {"crop": lambda self, tokens: None})
+
+    with mock.patch.object(cache_kinds, "absolute_positions", keeping_drafts):
+        problems, _ = cache_kinds.check_cache_kinds(SCENARIOS["markov8"], config)
+    assert len(problems) == len(kinds)

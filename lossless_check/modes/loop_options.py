@@ -22,6 +22,9 @@ of alpha):
   moves across rounds, and after each call the assistant's config holds the length the call's generator ended
   with (what ``generate()`` restores for the next call).
 
+For the assisted family, greedy speculative decoding with a cache of each layer kind the release rolls back
+(sliding window, static: :mod:`.cache_kinds`) must give plain greedy decoding's tokens.
+
 Beside the row, where the release has ``assistant_ensemble_weight`` and the family drafts with an assistant model
 (the assisted family): greedy decoding with ``assistant_ensemble_weight=0.5``, the branch that keeps a draft when
 it is the argmax of ``w p + (1 - w) q``. It is lossy by design (the drafter's law enters the output), so it is never
@@ -40,6 +43,8 @@ from lossless_check.evidence.results import Case, CaseResult, one_line
 from lossless_check.laws.stubs import fixed_logits_lm
 from lossless_check.laws.warpers import capture_processors
 from lossless_check.modes import loop_models
+from lossless_check.modes.cache_kinds import check_cache_kinds
+from lossless_check.modes.seq2seq import is_seq2seq
 from lossless_check.modes.randomness import seed_streams
 from lossless_check.running.chunks import deadline, guarded
 from lossless_check.subjects.adapters.mtp import _quiet_loading
@@ -249,16 +254,22 @@ def _drives_heuristic(family: str, assistant) -> bool:
             and cls is not None and issubclass(cls, AssistedCandidateGenerator))
 
 
+def _greedy(setup):
+    """The case's generation config for greedy decoding."""
+    config = copy.deepcopy(setup.generation_config)
+    config.do_sample = False
+    for key in SAMPLING_ONLY:
+        setattr(config, key, None)
+    return config
+
+
 def _ensemble(setup, prompt_ids) -> str:
     """The greedy ``assistant_ensemble_weight`` branch on this case's models, said in one clause."""
     from transformers import GenerationConfig
 
     if "assistant_ensemble_weight" not in GenerationConfig().to_dict():
         return ""
-    config = copy.deepcopy(setup.generation_config)
-    config.do_sample = False
-    for key in SAMPLING_ONLY:
-        setattr(config, key, None)
+    config = _greedy(setup)
     plain = setup.target.generate(prompt_ids, generation_config=copy.deepcopy(config))
     config.assistant_ensemble_weight = ENSEMBLE_WEIGHT
     mixed = setup.target.generate(prompt_ids, generation_config=config, **setup.generate_kwargs)
@@ -320,6 +331,10 @@ def run_options_case(case: Case, seed: int = 0, timeout: float = 600.0) -> CaseR
                     if problems:
                         break
                 ensemble = _ensemble(setup, setup.prompt_ids) if family == loop_models.ASSISTED else ""
+                kinds: list[str] = []
+                if family == loop_models.ASSISTED and not is_seq2seq(scenario) and not problems:
+                    found, kinds = check_cache_kinds(scenario, _greedy(setup))
+                    problems += found
             except Exception as exc:  # noqa: BLE001 - the generator under test (or the loop) failed
                 raise GeneratorFailure(f"generate() raised {one_line(exc)}") from exc
             finally:
@@ -331,6 +346,9 @@ def run_options_case(case: Case, seed: int = 0, timeout: float = 600.0) -> CaseR
                    "decoding's")
         schedule = (f"; the heuristic draft schedule (lengths {sorted(lengths)} after the calls) was restored into "
                     f"the assistant's config every time" if heuristic else "")
+        if kinds:
+            schedule += (f"; greedy speculative decoding keeps plain greedy decoding's tokens with a cache of each kind "
+                         f"({', '.join(kinds)}), each rolled back by its own crop")
         if problems:
             result.verdict = "not_lossless"
             result.failed_checks = ["outputs"]
