@@ -83,6 +83,23 @@ class FixedLogitsSeq2SeqLM(FixedLogitsLM):
             **cache_output(Seq2SeqLMOutput, kv if use_cache is not False else None))
 
 
+class DecoderOnlyAssistant(FixedLogitsLM):
+    """A decoder-only fixed-logits assistant for an encoder-decoder target (DistilWhisper's case):
+    ``AssistedCandidateGenerator`` hands it the target's encoder outputs, which it takes and ignores."""
+
+    def forward(self, input_ids=None, encoder_outputs=None, **kwargs):
+        return super().forward(input_ids, **kwargs)
+
+
+def decoder_only_assistant(table: FixedLogits, prompt_length: int, **generation_defaults) -> DecoderOnlyAssistant:
+    """A :class:`DecoderOnlyAssistant` emitting ``table``; extra keywords set its generation config."""
+    model = DecoderOnlyAssistant(FixedLogitsConfig.for_table(table, prompt_length)).eval()
+    model.generation_config.pad_token_id = None
+    for key, value in generation_defaults.items():
+        setattr(model.generation_config, key, value)
+    return model
+
+
 def fixed_logits_seq2seq(table: FixedLogits, prompt: tuple[int, ...], **generation_defaults) -> FixedLogitsSeq2SeqLM:
     """An encoder-decoder stub whose decoder emits ``table`` after the decoder prompt ``prompt`` (given as
     ``decoder_input_ids``; its first token is the decoder start token, so ``generate()`` prepends nothing and the
@@ -97,4 +114,5 @@ def fixed_logits_seq2seq(table: FixedLogits, prompt: tuple[int, ...], **generati
     return model
 
 
-__all__ = ["FixedLogitsEncoder", "FixedLogitsSeq2SeqLM", "fixed_logits_seq2seq"]
+__all__ = ["ATTENTION_HEADS", "DecoderOnlyAssistant", "FixedLogitsEncoder", "FixedLogitsSeq2SeqLM",
+           "decoder_only_assistant", "fixed_logits_seq2seq"]

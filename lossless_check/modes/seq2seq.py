@@ -66,6 +66,32 @@ def seq2seq_cases(generators: list, modes: tuple[str, ...]) -> list[Case]:
     return cases
 
 
+def check_decoder_only_assistant(scenario, greedy_config) -> list[str]:
+    """Greedy speculative decoding of an encoder-decoder target with a decoder-only assistant (DistilWhisper's case:
+    ``AssistedCandidateGenerator`` gives it the target's encoder outputs) against plain greedy decoding; the target's
+    logits depend on the position (the per-position table), so a draft kept at the wrong position shows. The
+    problems found."""
+    import copy
+
+    from lossless_check.laws.seq2seq_stubs import decoder_only_assistant, fixed_logits_seq2seq
+    from lossless_check.subjects.adapters.base import constant_drafts
+
+    by_position = [t for t in (scenario.drafter, scenario.target) if t.kind == "per_position"]
+    if not by_position:
+        return []
+    other = scenario.target if by_position[0] is scenario.drafter else scenario.drafter
+    target = fixed_logits_seq2seq(by_position[0], scenario.prompt)
+    assistant = decoder_only_assistant(other, len(scenario.prompt), **constant_drafts(scenario.gamma))
+    prompt_ids = torch.tensor([scenario.prompt])
+    plain = target.generate(prompt_ids, decoder_input_ids=prompt_ids, generation_config=copy.deepcopy(greedy_config))
+    drafted = target.generate(prompt_ids, decoder_input_ids=prompt_ids, generation_config=copy.deepcopy(greedy_config),
+                              assistant_model=assistant)
+    if torch.equal(plain, drafted):
+        return []
+    return [f"with a decoder-only assistant, greedy speculative decoding gives {drafted[0].tolist()} where plain "
+            f"greedy decoding gives {plain[0].tolist()}"]
+
+
 def seq2seq_setup(case: Case, max_new_tokens: int):
     """Generate mode's set-up (:class:`~lossless_check.modes.generate._Setup`) on the encoder-decoder stubs."""
     from transformers import GenerationConfig
@@ -95,5 +121,5 @@ def seq2seq_setup(case: Case, max_new_tokens: int):
                   route="assistant_model= on an encoder-decoder target")
 
 
-__all__ = ["SEQ2SEQ", "SEQ2SEQ_STACK", "Seq2SeqScenario", "is_seq2seq", "seq2seq_cases", "seq2seq_setup",
-           "skip_reason"]
+__all__ = ["SEQ2SEQ", "SEQ2SEQ_STACK", "Seq2SeqScenario", "check_decoder_only_assistant", "is_seq2seq",
+           "seq2seq_cases", "seq2seq_setup", "skip_reason"]
