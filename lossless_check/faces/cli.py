@@ -22,6 +22,7 @@ from lossless_check.core.errors import UsageError
 from lossless_check.core.exit_codes import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NOT_LOSSLESS, EXIT_OK, EXIT_USAGE
 from lossless_check.core.options import positive_int, probability
 from lossless_check.faces.coverage_option import add_coverage_dir_option, add_coverage_option
+from lossless_check.faces.gate_command import max_detectable
 from lossless_check.faces.on_release import add_release_option
 from lossless_check.running.ray_backend import check_backend
 
@@ -103,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a warper stack as GenerationConfig kwargs (repeatable); 'none' for plain sampling")
     run.add_argument("--matrix", choices=MATRICES, default=None,
                      help="a named set of warper stacks (default when no --warpers: default)")
-    run.add_argument("--mode", choices=("step", "provenance", "generate", "greedy", "options", "all"), default="step",
+    run.add_argument("--mode", choices=("step", "provenance", "generate", "greedy", "options", "all"),
+                     default="step",
                      help="step: statistical, one round (default); provenance: exact check of q; generate: the real "
                           "generate() loop; greedy: exact, do_sample=False against plain greedy decoding, a row per "
                           "generator (a step or all run over the whole install adds these rows); options: exact, "
@@ -213,12 +215,11 @@ def _cases(args):
 
 def _run(args) -> int:
     from lossless_check.faces.api import RunInterrupted, run_cases
+    from lossless_check.faces.coverage_option import measured, report_coverage
     from lossless_check.modes.sample_size import samples_to_detect
     from lossless_check.outputs.report import print_table, write_json
     from lossless_check.running.journal import Journal, journal_for, run_identity
     from lossless_check.running.progress import progress_reporter
-
-    from lossless_check.faces.coverage_option import measured, report_coverage
 
     cases = _cases(args)
     sequential = not args.fixed
@@ -237,9 +238,11 @@ def _run(args) -> int:
                                args.timeout, args.batch_size, journal=journal, backend=args.backend,
                                address=args.address, verifier=not args.no_verifier,
                                verifier_gates=args.verifier_gates or not args.generator,
-                               **_bar(args))
+                               **max_detectable(args))
     except RunInterrupted as stopped:
-        return _interrupted(stopped.partial, args.json, args.table)
+        from lossless_check.faces.gate_command import interrupted
+
+        return interrupted(stopped.partial, args.json, args.table)
     print_table(result, table=args.table)
     report_coverage(measurement, args.coverage_dir)
     if args.json:
@@ -251,26 +254,6 @@ def _run(args) -> int:
     return result.exit_code
 
 
-def _bar(args) -> dict:
-    """``max_detectable_tv``: ``--max-detectable-tv``, else ``--detect-tv`` (the size the run was made to
-    detect is the size its passes claim), else the library's default."""
-    bar = args.max_detectable_tv if args.max_detectable_tv is not None else getattr(args, "detect_tv", None)
-    return {} if bar is None else {"max_detectable_tv": bar}
-
-
-def _interrupted(partial, json_path, table: str) -> int:
-    """Report what an interrupted run finished, and how to go on."""
-    from lossless_check.outputs.report import print_table, write_json
-
-    print_table(partial, table=table)
-    if json_path:
-        write_json(partial, json_path)
-    kept = f" and are in {json_path} (the finished chunks of the others beside it)" if json_path else ""
-    print(f"lossless-check: interrupted: {sum(c.verdict != 'unfinished' for c in partial.cases)} of "
-          f"{len(partial.cases)} cases finished{kept}; the same command with --resume continues", file=sys.stderr)
-    return EXIT_INTERRUPTED
-
-
 def _repro(args) -> int:
     from lossless_check.faces.api import cases_for
     from lossless_check.outputs.repro import write_repro
@@ -279,41 +262,6 @@ def _repro(args) -> int:
     written = write_repro(case, args.out, samples=args.samples)
     print(f"wrote {written}: run it with python (exit 1: not lossless, or generate() raised)")
     return EXIT_OK
-
-
-def _gate(args) -> int:
-    import json
-    from pathlib import Path
-
-    from rich.console import Console
-
-    from lossless_check.faces.api import RunInterrupted
-    from lossless_check.faces.gate import gate
-    from lossless_check.running.progress import progress_reporter
-
-    try:
-        with progress_reporter(None, args.quiet) as advance:
-            result, code = gate(args.generator, args.out, matrix_name=args.matrix, samples=args.samples,
-                                alpha=args.alpha, seed=args.seed, scenario=args.scenario, workers=args.workers,
-                                sequential=not args.fixed, progress=advance, batch_size=args.batch_size,
-                                return_result=True, generate_samples=args.generate_samples, repro_dir=args.repro,
-                                resume=args.resume, backend=args.backend, address=args.address,
-                                verifier=not args.no_verifier, verifier_gates=args.verifier_gates,
-                                coverage=args.coverage, **_bar(args))
-    except RunInterrupted as stopped:
-        return _interrupted(stopped.partial, str(Path(args.out) / "report.json"), args.table)
-    from lossless_check.outputs.report import print_table
-
-    print_table(result, table=args.table)
-    reports = ", ".join(str(Path(args.out) / name) for name in ("report.json", "report.md", "report.html"))
-    if args.coverage:
-        from lossless_check.outputs.coverage_report import COVERAGE_NAMES
-
-        print(json.loads((Path(args.out) / "report.json").read_text())["coverage"]["headline"])
-        reports += ", " + ", ".join(str(Path(args.out) / name) for name in COVERAGE_NAMES)
-    said = {EXIT_OK: "passed", EXIT_NOT_LOSSLESS: "failed"}.get(code, "gave no answer")
-    Console(soft_wrap=True).print(f"gate {said} (exit {code}); reports: {reports}", highlight=False)
-    return code
 
 
 def _verifier(args) -> int:
@@ -392,7 +340,9 @@ def main(argv: list[str] | None = None) -> int:
         # kwargs, a processor passed twice), not from anything the user passed: not for the user.
         hf_logging.set_verbosity_error()
         if args.command == "gate":
-            return _gate(args)
+            from lossless_check.faces.gate_command import gate_command
+
+            return gate_command(args)
         if args.command == "mutants":
             return _mutants(args)
         if args.command == "verifier":

@@ -96,9 +96,10 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
 
             cases += options_cases([generator], resolve_scenario(scenario or DEFAULT_SCENARIO, "options"))
         if scenario is None:  # an encoder-decoder target, for the family generate() routes it to
+            from lossless_check.modes.loop_options import OPTIONS_STACK
             from lossless_check.modes.seq2seq import seq2seq_cases
 
-            cases += seq2seq_cases([generator], modes)
+            cases += seq2seq_cases([generator], modes, OPTIONS_STACK)
         if hasattr(progress, "set_total"):
             progress.set_total(len(cases))
         by_mode = {"generate": min(samples, generate_samples)}

@@ -158,7 +158,9 @@ def _setup(case: Case, max_new_tokens: int) -> _Setup:
     if getattr(scenario, "encoder_decoder", False):  # markov8-seq2seq: encoder-decoder stubs (.seq2seq)
         from lossless_check.modes.seq2seq import seq2seq_setup
 
-        return seq2seq_setup(case, max_new_tokens)
+        parts = seq2seq_setup(case, max_new_tokens)
+        eos = _eos_ids(parts.pop("prepared"))
+        return _Setup(**parts, eos=eos)
     family = case.generator.adapter.name
     prompt_ids = torch.tensor([scenario.prompt], dtype=torch.long)
     config = GenerationConfig(do_sample=True, max_new_tokens=max_new_tokens, **release_warpers(case.warpers))

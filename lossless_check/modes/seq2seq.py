@@ -50,11 +50,9 @@ def skip_reason(case: Case) -> str | None:
     return None
 
 
-def seq2seq_cases(generators: list, modes: tuple[str, ...]) -> list[Case]:
-    """The gate's encoder-decoder cases of ``generators``: a generate case and an options case each, in the modes
-    given, for the assisted family (the others would be skipped)."""
-    from lossless_check.modes.loop_options import OPTIONS_STACK
-
+def seq2seq_cases(generators: list, modes: tuple[str, ...], options_stack: dict) -> list[Case]:
+    """The gate's encoder-decoder cases of ``generators``: a generate case and an options case (under
+    ``options_stack``) each, in the modes given, for the assisted family (the others would be skipped)."""
     cases = []
     for g in generators:
         if g.adapter.name != loop_models.ASSISTED:
@@ -62,7 +60,7 @@ def seq2seq_cases(generators: list, modes: tuple[str, ...]) -> list[Case]:
         if "generate" in modes:
             cases.append(Case(g, dict(SEQ2SEQ_STACK), "generate", SEQ2SEQ))
         if "options" in modes:
-            cases.append(Case(g, dict(OPTIONS_STACK), "options", SEQ2SEQ))
+            cases.append(Case(g, dict(options_stack), "options", SEQ2SEQ))
     return cases
 
 
@@ -92,8 +90,9 @@ def check_decoder_only_assistant(scenario, greedy_config) -> list[str]:
             f"greedy decoding gives {plain[0].tolist()}"]
 
 
-def seq2seq_setup(case: Case, max_new_tokens: int):
-    """Generate mode's set-up (:class:`~lossless_check.modes.generate._Setup`) on the encoder-decoder stubs."""
+def seq2seq_setup(case: Case, max_new_tokens: int) -> dict:
+    """Generate mode's set-up on the encoder-decoder stubs: the fields of :class:`~lossless_check.modes.generate._Setup`,
+    but ``prepared`` (the config ``generate()`` prepared, whose EOS ids the case stops at) for ``eos``."""
     from transformers import GenerationConfig
 
     from lossless_check.core.compat import loop_eos, release_warpers
@@ -101,7 +100,6 @@ def seq2seq_setup(case: Case, max_new_tokens: int):
     from lossless_check.laws.seq2seq_stubs import fixed_logits_seq2seq
     from lossless_check.laws.stubs import fixed_logits_lm
     from lossless_check.laws.warpers import capture_processors
-    from lossless_check.modes.generate import _eos_ids, _Setup
     from lossless_check.subjects.adapters.base import constant_drafts
 
     scenario = case.scenario
@@ -116,9 +114,9 @@ def seq2seq_setup(case: Case, max_new_tokens: int):
     base = loop_models.installed_class(loop_models.ASSISTED)
     if case.generator.generator_class is not base:
         target = loop_models.driving(target, case.generator.generator_class, base)
-    return _Setup(target, {"assistant_model": assistant, "decoder_input_ids": prompt_ids}, prompt_ids, config,
-                  ExactLaws(scenario, processors).target, _eos_ids(prepared),
-                  route="assistant_model= on an encoder-decoder target")
+    return {"target": target, "generate_kwargs": {"assistant_model": assistant, "decoder_input_ids": prompt_ids},
+            "prompt_ids": prompt_ids, "generation_config": config, "law": ExactLaws(scenario, processors).target,
+            "prepared": prepared, "route": "assistant_model= on an encoder-decoder target"}
 
 
 __all__ = ["SEQ2SEQ", "SEQ2SEQ_STACK", "Seq2SeqScenario", "check_decoder_only_assistant", "is_seq2seq",
