@@ -163,7 +163,7 @@ def test_gate_prints_the_verdict_table_and_where_the_reports_are(tmp_path, capsy
                  "--scenario", "iid8", "--out", str(out) + "/", "--quiet", "--no-verifier"])
     assert code == 0
     printed = capsys.readouterr().out
-    assert "verdict" in printed and "DFlashTokenCandidateGenerator" in printed and "7 lossless" in printed  # step, generate, greedy
+    assert "verdict" in printed and "DFlashTokenCandidateGenerator" in printed and "8 lossless" in printed  # step, generate, greedy, options
     assert f"{out}/report.json" in printed and "//" not in printed.replace("://", "")
     assert (out / "report.md").exists()
 

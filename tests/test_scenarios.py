@@ -195,7 +195,7 @@ SAMPLING_GENERATORS = ["AssistedCandidateGenerator", "DFlashTokenCandidateGenera
 def test_scenario_names_in_the_cli_are_the_scenarios():
     from lossless_check.faces.cli import SCENARIO_NAMES
 
-    assert set(SCENARIO_NAMES) == set(SCENARIOS) | {"tiny-llama"}
+    assert set(SCENARIO_NAMES) == set(SCENARIOS) | {"tiny-llama", "markov8-seq2seq"}
 
 
 def test_stubs_emit_logits_in_the_scenario_dtype():

@@ -175,6 +175,8 @@ def _rounds_capped(cases: list[Case], planned: list[int], alpha: float, sequenti
 #: drafter's real top-p and sampling over 32,000 logits). Used only to order the work queue and to
 #: choose the cases split across workers (:func:`~lossless_check.running.scheduler.should_split`).
 _TRIALS_PER_SECOND = {"step": 2000.0, "provenance": 2000.0, "generate": 100.0}
+#: Seconds of one options case (a dozen generate() calls with every output option; measured on 5.24: 2-8 s).
+_OPTIONS_SECONDS = 8.0
 #: Seconds of one greedy case (measured on 5.24: 4-6 s on markov8, MTP 19 s).
 _GREEDY_SECONDS = 6.0
 
@@ -184,6 +186,8 @@ def _work_estimate(case: Case, samples: int) -> float:
 
     if case.mode == "greedy":
         return _GREEDY_SECONDS  # a fixed set of comparisons, whatever ``samples``
+    if case.mode == "options":
+        return _OPTIONS_SECONDS
 
     large = getattr(case.scenario, "vocab_size", 0) > COARSEN_ABOVE_VOCAB
     return samples / _TRIALS_PER_SECOND.get(case.mode, 100.0) * (30.0 if large else 1.0)
@@ -220,8 +224,15 @@ def resolve_scenario(name: str, mode: str = "step"):
         from lossless_check.modes.generate import TINY_LLAMA
 
         return TINY_LLAMA
+    if name == "markov8-seq2seq":
+        if mode not in ("generate", "options"):
+            raise UsageError("the markov8-seq2seq scenario (encoder-decoder stubs) runs in generate and options "
+                             "modes only (--mode generate or options)")
+        from lossless_check.modes.seq2seq import SEQ2SEQ
+
+        return SEQ2SEQ
     if name not in SCENARIOS:
-        raise UsageError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}, tiny-llama")
+        raise UsageError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}, tiny-llama, markov8-seq2seq")
     return SCENARIOS[name]
 
 
@@ -278,6 +289,10 @@ def _cases(generators, warpers, matrix, mode, scenario, max_new_tokens) -> list[
     stacks = _stacks(warpers)
     if mode == "greedy":
         return greedy_cases(resolved, stacks, scenario)
+    if mode == "options":
+        from lossless_check.modes.loop_options import options_cases
+
+        return options_cases(resolved, resolve_scenario(scenario or DEFAULT_SCENARIO, mode), stacks)
     matrix_name = matrix or (None if stacks else "default")
     if matrix_name:
         stacks += matrix_stacks(matrix_name)

@@ -21,6 +21,8 @@ import sys
 from lossless_check.core.errors import UsageError
 from lossless_check.core.exit_codes import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NOT_LOSSLESS, EXIT_OK, EXIT_USAGE
 from lossless_check.core.options import positive_int, probability
+from lossless_check.faces.coverage_option import add_coverage_dir_option, add_coverage_option
+from lossless_check.faces.gate_command import max_detectable
 from lossless_check.faces.on_release import add_release_option
 from lossless_check.running.ray_backend import check_backend
 
@@ -29,8 +31,12 @@ DEFAULT_SAMPLES = 5_000
 DEFAULT_SCENARIO = "markov8"
 SCENARIO_NAMES = ("markov8", "iid8", "iid32-fast-tokenizers", "iid32-id-ordered-vocab", "bpe-fast-tokenizers",
                   "bpe-id-ordered-vocab", "zipf32k", "markov8-bf16", "zipf32k-bf16", "zipf32k-fp16",
-                  "iid8-padded-drafter", "lm49k", "tiny-llama")
+                  "iid8-padded-drafter", "lm49k", "tiny-llama", "markov8-seq2seq")
 MATRICES = ("smoke", "default", "full")
+#: Whether the gate measures coverage unless told not to: off, as it costs more than 15% of the gate's time
+#: (side by side in benchmarks/coverage_table.py: 1.86 times on Python 3.11, whose tracer sees every line; the gate
+#: guide recommends --coverage for a pull request that adds or changes a generator).
+GATE_COVERAGE = False
 
 
 class _Parser(argparse.ArgumentParser):
@@ -40,8 +46,9 @@ class _Parser(argparse.ArgumentParser):
 
 def _common(parser: argparse.ArgumentParser, samples_help: str) -> None:
     parser.add_argument("--scenario", default=None,
-                        help=f"{', '.join(SCENARIO_NAMES[:-1])} (fixed logits) or tiny-llama (random 2-layer Llamas, "
-                             f"generate mode only); default {DEFAULT_SCENARIO}, and the default and full matrices add "
+                        help=f"{', '.join(SCENARIO_NAMES[:-2])} (fixed logits), tiny-llama (random 2-layer Llamas, "
+                             f"generate mode only) or markov8-seq2seq (encoder-decoder stubs, generate and options "
+                             f"modes); default {DEFAULT_SCENARIO}, and the default and full matrices add "
                              f"their real-world cases (zipf32k under top_p=0.9, iid32-fast-tokenizers)")
     parser.add_argument("--samples", type=positive_int, default=DEFAULT_SAMPLES, help=samples_help)
     parser.add_argument("--alpha", type=probability, default=1e-6,
@@ -98,10 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a warper stack as GenerationConfig kwargs (repeatable); 'none' for plain sampling")
     run.add_argument("--matrix", choices=MATRICES, default=None,
                      help="a named set of warper stacks (default when no --warpers: default)")
-    run.add_argument("--mode", choices=("step", "provenance", "generate", "greedy", "all"), default="step",
+    run.add_argument("--mode", choices=("step", "provenance", "generate", "greedy", "options", "all"),
+                     default="step",
                      help="step: statistical, one round (default); provenance: exact check of q; generate: the real "
                           "generate() loop; greedy: exact, do_sample=False against plain greedy decoding, a row per "
-                          "generator (a step or all run over the whole install adds these rows); all: step with "
+                          "generator (a step or all run over the whole install adds these rows); options: exact, "
+                          "what generate() returns and streams beside the tokens (scores, logits, hidden states, "
+                          "a streamer) and the heuristic draft schedule, a row per generator; all: step with "
                           "provenance beside it, plus generate")
     run.add_argument("--max-new-tokens", type=positive_int, default=4, metavar="K",
                      help="generate mode: tokens per generate() call, each position tested (default 4)")
@@ -113,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds a chunk of 1000 trials may take before its case is an error (default 600)")
     run.add_argument("--json", metavar="PATH", help="write the JSON report here")
     run.add_argument("--repro", metavar="DIR", help="write a standalone reproduction script for every failing case here")
+    add_coverage_option(run, default=False)
+    add_coverage_dir_option(run)
     from lossless_check.faces.sampler_command import add_sampler_options
 
     add_sampler_options(run, run=True)
@@ -123,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--generate-samples", type=positive_int, default=400, metavar="N",
                       help="trials per generate-mode case (the real loop, one sequence at a time; default 400)")
     gate.add_argument("--repro", metavar="DIR", help="write a standalone reproduction script for every failing case here")
+    add_coverage_option(gate, default=GATE_COVERAGE)
     _common(gate, f"trials per case (default {DEFAULT_SAMPLES})")
     add_release_option(gate)
     repro = sub.add_parser("repro", help="write a standalone script (torch and transformers only) that runs one case "
@@ -203,6 +216,7 @@ def _cases(args):
 
 def _run(args) -> int:
     from lossless_check.faces.api import RunInterrupted, run_cases
+    from lossless_check.faces.coverage_option import measured, report_coverage
     from lossless_check.modes.sample_size import samples_to_detect
     from lossless_check.outputs.report import print_table, write_json
     from lossless_check.running.journal import Journal, journal_for, run_identity
@@ -219,15 +233,19 @@ def _run(args) -> int:
         if args.resume:
             print(f"lossless-check: resuming: {journal.kept()}", file=sys.stderr)
     try:
-        with progress_reporter(len(cases) - len(journal.done if journal else ()), args.quiet) as advance:
+        with progress_reporter(len(cases) - len(journal.done if journal else ()), args.quiet) as advance, \
+                measured(args.generator or (), args.coverage) as measurement:
             result = run_cases(cases, args.samples, args.alpha, args.seed, args.workers, advance, sequential,
                                args.timeout, args.batch_size, journal=journal, backend=args.backend,
                                address=args.address, verifier=not args.no_verifier,
                                verifier_gates=args.verifier_gates or not args.generator,
-                               **_bar(args))
+                               **max_detectable(args))
     except RunInterrupted as stopped:
-        return _interrupted(stopped.partial, args.json, args.table)
+        from lossless_check.faces.gate_command import interrupted
+
+        return interrupted(stopped.partial, args.json, args.table)
     print_table(result, table=args.table)
+    report_coverage(measurement, args.coverage_dir)
     if args.json:
         write_json(result, args.json)
     if args.repro:
@@ -235,26 +253,6 @@ def _run(args) -> int:
 
         print("\n".join(write_repros(cases, result.cases, args.repro)))
     return result.exit_code
-
-
-def _bar(args) -> dict:
-    """``max_detectable_tv``: ``--max-detectable-tv``, else ``--detect-tv`` (the size the run was made to
-    detect is the size its passes claim), else the library's default."""
-    bar = args.max_detectable_tv if args.max_detectable_tv is not None else getattr(args, "detect_tv", None)
-    return {} if bar is None else {"max_detectable_tv": bar}
-
-
-def _interrupted(partial, json_path, table: str) -> int:
-    """Report what an interrupted run finished, and how to go on."""
-    from lossless_check.outputs.report import print_table, write_json
-
-    print_table(partial, table=table)
-    if json_path:
-        write_json(partial, json_path)
-    kept = f" and are in {json_path} (the finished chunks of the others beside it)" if json_path else ""
-    print(f"lossless-check: interrupted: {sum(c.verdict != 'unfinished' for c in partial.cases)} of "
-          f"{len(partial.cases)} cases finished{kept}; the same command with --resume continues", file=sys.stderr)
-    return EXIT_INTERRUPTED
 
 
 def _repro(args) -> int:
@@ -265,34 +263,6 @@ def _repro(args) -> int:
     written = write_repro(case, args.out, samples=args.samples)
     print(f"wrote {written}: run it with python (exit 1: not lossless, or generate() raised)")
     return EXIT_OK
-
-
-def _gate(args) -> int:
-    from pathlib import Path
-
-    from rich.console import Console
-
-    from lossless_check.faces.api import RunInterrupted
-    from lossless_check.faces.gate import gate
-    from lossless_check.running.progress import progress_reporter
-
-    try:
-        with progress_reporter(None, args.quiet) as advance:
-            result, code = gate(args.generator, args.out, matrix_name=args.matrix, samples=args.samples,
-                                alpha=args.alpha, seed=args.seed, scenario=args.scenario, workers=args.workers,
-                                sequential=not args.fixed, progress=advance, batch_size=args.batch_size,
-                                return_result=True, generate_samples=args.generate_samples, repro_dir=args.repro,
-                                resume=args.resume, backend=args.backend, address=args.address,
-                                verifier=not args.no_verifier, verifier_gates=args.verifier_gates, **_bar(args))
-    except RunInterrupted as stopped:
-        return _interrupted(stopped.partial, str(Path(args.out) / "report.json"), args.table)
-    from lossless_check.outputs.report import print_table
-
-    print_table(result, table=args.table)
-    reports = ", ".join(str(Path(args.out) / name) for name in ("report.json", "report.md", "report.html"))
-    said = {EXIT_OK: "passed", EXIT_NOT_LOSSLESS: "failed"}.get(code, "gave no answer")
-    Console(soft_wrap=True).print(f"gate {said} (exit {code}); reports: {reports}", highlight=False)
-    return code
 
 
 def _verifier(args) -> int:
@@ -371,7 +341,9 @@ def main(argv: list[str] | None = None) -> int:
         # kwargs, a processor passed twice), not from anything the user passed: not for the user.
         hf_logging.set_verbosity_error()
         if args.command == "gate":
-            return _gate(args)
+            from lossless_check.faces.gate_command import gate_command
+
+            return gate_command(args)
         if args.command == "mutants":
             return _mutants(args)
         if args.command == "verifier":

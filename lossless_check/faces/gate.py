@@ -45,15 +45,16 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
          progress: Callable[[int], None] | None = None, sequential: bool = True, batch_size: int | None = None,
          return_result: bool = False, generate_samples: int = 400, repro_dir: str | Path | None = None,
          resume: bool = False, backend: str = "local", address: str | None = None, verifier: bool = True,
-         verifier_gates: bool = False, max_detectable_tv: float = DEFAULT_MAX_DETECTABLE_TV):
+         verifier_gates: bool = False, max_detectable_tv: float = DEFAULT_MAX_DETECTABLE_TV, coverage: bool = False):
     """Run ``generator_spec`` over a warper matrix, write the three reports into ``out_dir``, return the exit code.
 
     ``scenario=None``: the default scenario, plus the matrix's real-world cases in the first mode
     (:func:`lossless_check.faces.api.real_world_cases`). ``modes`` are :data:`lossless_check.modes.MODES`;
     by default every mode that applies: ``all``
     (the statistical step mode with the exact provenance sub-verdict beside it), ``generate`` (the
-    real loop; cases generate mode cannot drive are ``skipped`` with the reason) and ``greedy`` (exact,
-    its rows from :func:`lossless_check.faces.api.greedy_cases`, whatever the matrix). The exit code is
+    real loop; cases generate mode cannot drive are ``skipped`` with the reason), ``greedy`` (exact,
+    its rows from :func:`lossless_check.faces.api.greedy_cases`, whatever the matrix) and ``options`` (exact:
+    the outputs, streamer and heuristic schedule of the real loop, one row, :mod:`lossless_check.modes.loop_options`). The exit code is
     :attr:`RunResult.exit_code` (1 a case not lossless or an error; 5 no answer: no case of the generator was
     checked, or one is ``inconclusive``, i.e. could not have seen a departure of TV ``max_detectable_tv``;
     0 otherwise). Bad
@@ -67,6 +68,9 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
     An interrupted gate writes its reports with what finished and raises :class:`~lossless_check.faces.api.RunInterrupted`.
     ``verifier`` (default): the last row is the exact check of the installed ``_speculative_sampling``,
     reported beside the generator's cases; it decides the exit code too only with ``verifier_gates``.
+    ``coverage``: measure which of the subject's code the gate executed, in every process
+    (:mod:`lossless_check.faces.coverage_option`), write ``coverage.json``, ``coverage.md`` and ``coverage.html``
+    beside the reports, and put its headline under theirs.
     """
     from lossless_check.subjects.adapters import resolve_generator
     from lossless_check.faces.api import (
@@ -75,35 +79,52 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
     from lossless_check.running.journal import Journal, run_identity
     from lossless_check.laws.matrix import matrix
     from lossless_check.evidence.results import Case
+    from lossless_check.faces.coverage_option import measured
 
-    generator = resolve_generator(generator_spec)
-    if modes is None:
-        modes = ("all", "generate", "greedy")
-    cases = [Case(generator, stack, mode, resolve_scenario(scenario or DEFAULT_SCENARIO, mode)) for mode in modes
-             if mode != "greedy" for stack in matrix(matrix_name)]
-    if scenario is None:
-        cases += real_world_cases([generator], matrix_name, modes[0])
-    if "greedy" in modes:
-        cases += greedy_cases([generator], [], scenario)
-    if hasattr(progress, "set_total"):
-        progress.set_total(len(cases))
-    by_mode = {"generate": min(samples, generate_samples)}
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    identity = {**run_identity(cases, samples, alpha, seed, sequential, batch_size), "samples_by_mode": by_mode}
-    journal = Journal(Path(out_dir) / JOURNAL_NAME, identity, resume)
-    if resume:
-        import sys
+    with measured([generator_spec], coverage) as measurement:
+        generator = resolve_generator(generator_spec)
+        if modes is None:
+            modes = ("all", "generate", "greedy", "options")
+        cases = [Case(generator, stack, mode, resolve_scenario(scenario or DEFAULT_SCENARIO, mode)) for mode in modes
+                 if mode not in ("greedy", "options") for stack in matrix(matrix_name)]
+        if scenario is None:
+            cases += real_world_cases([generator], matrix_name, modes[0])
+        if "greedy" in modes:
+            cases += greedy_cases([generator], [], scenario)
+        if "options" in modes:
+            from lossless_check.modes.loop_options import options_cases
 
-        print(f"lossless-check: resuming: {journal.kept()}", file=sys.stderr)
-    try:
-        result = run_cases(cases, samples, alpha, seed, workers, progress, sequential=sequential,
-                           batch_size=batch_size, samples_by_mode=by_mode, journal=journal, backend=backend,
-                           address=address, verifier=verifier, verifier_gates=verifier_gates,
-                           max_detectable_tv=max_detectable_tv)
-    except RunInterrupted as stopped:
-        write_reports(stopped.partial, out_dir, title=generator_spec)
-        raise
-    write_reports(result, out_dir, title=generator_spec)
+            cases += options_cases([generator], resolve_scenario(scenario or DEFAULT_SCENARIO, "options"))
+        if scenario is None:  # an encoder-decoder target, for the family generate() routes it to
+            from lossless_check.modes.loop_options import OPTIONS_STACK
+            from lossless_check.modes.seq2seq import seq2seq_cases
+
+            cases += seq2seq_cases([generator], modes, OPTIONS_STACK)
+        if hasattr(progress, "set_total"):
+            progress.set_total(len(cases))
+        by_mode = {"generate": min(samples, generate_samples)}
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        identity = {**run_identity(cases, samples, alpha, seed, sequential, batch_size), "samples_by_mode": by_mode}
+        journal = Journal(Path(out_dir) / JOURNAL_NAME, identity, resume)
+        if resume:
+            import sys
+
+            print(f"lossless-check: resuming: {journal.kept()}", file=sys.stderr)
+        try:
+            result = run_cases(cases, samples, alpha, seed, workers, progress, sequential=sequential,
+                               batch_size=batch_size, samples_by_mode=by_mode, journal=journal, backend=backend,
+                               address=address, verifier=verifier, verifier_gates=verifier_gates,
+                               max_detectable_tv=max_detectable_tv)
+        except RunInterrupted as stopped:
+            write_reports(stopped.partial, out_dir, title=generator_spec)
+            raise
+    covered = None
+    if measurement is not None:
+        from lossless_check.outputs.coverage_report import focus_for
+
+        covered = measurement.report(focus_for(generator.generator_class))
+        measurement.write(covered, out_dir)
+    write_reports(result, out_dir, title=generator_spec, coverage=covered)
     if repro_dir is not None:
         from lossless_check.outputs.repro import write_repros
 
@@ -111,8 +132,10 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
     return (result, result.exit_code) if return_result else result.exit_code
 
 
-def write_reports(result: RunResult, out_dir: str | Path, title: str) -> list[Path]:
-    """Write ``report.json``, ``report.md`` and ``report.html`` into ``out_dir``; return their paths."""
+def write_reports(result: RunResult, out_dir: str | Path, title: str, coverage=None) -> list[Path]:
+    """Write ``report.json``, ``report.md`` and ``report.html`` into ``out_dir``; return their paths.
+    ``coverage`` (a :class:`~lossless_check.outputs.coverage_report.CoverageReport`): its headline goes under
+    theirs, and the JSON says where the coverage report is."""
     from lossless_check.outputs.report import to_json
 
     import sys
@@ -120,8 +143,17 @@ def write_reports(result: RunResult, out_dir: str | Path, title: str) -> list[Pa
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     doc = to_json(result)
+    notes = []
+    if coverage is not None:
+        from lossless_check.outputs.coverage_report import COVERAGE_NAMES
+
+        notes = [coverage.headline() + f" (per function: {COVERAGE_NAMES[1]}, {COVERAGE_NAMES[2]})"]
+        doc["coverage"] = {"headline": coverage.headline(), "report": COVERAGE_NAMES[0],
+                           "files": [{k: v for k, v in f.to_dict().items() if k != "functions"}
+                                     for f in coverage.files]}
     plots = _can_plot()
-    texts = (json.dumps(doc, indent=2) + "\n", to_markdown(result, doc, title), to_html(result, doc, title, plots))
+    texts = (json.dumps(doc, indent=2) + "\n", to_markdown(result, doc, title, notes),
+             to_html(result, doc, title, plots, notes))
     paths = [out / name for name in REPORT_NAMES]
     from lossless_check.running.journal import write_atomically
 
@@ -191,15 +223,16 @@ def _row(c: CaseResult, main_scenario: str) -> list[str]:
             _fmt(c.expected_acceptance_rate, ".3f")]
 
 
-def to_markdown(result: RunResult, doc: dict, title: str) -> str:
-    """Markdown for a PR comment: a headline, one line per failing case, the full table in a fold."""
+def to_markdown(result: RunResult, doc: dict, title: str, extra: list[str] = ()) -> str:
+    """Markdown for a PR comment: a headline, one line per failing case, the full table in a fold (``extra``:
+    lines under the headline's notes, e.g. the coverage headline)."""
     def cell(text: str) -> str:
         return text.replace("|", "\\|")
 
     mark = {0: "✅", 1: "❌"}.get(result.exit_code, "❔")
     main = _main_scenario(result)
     lines = [f"### {mark} lossless-check gate: `{title}` — {_headline(result)}", "", _context(result, doc), ""]
-    notes = _notes(result)
+    notes = _notes(result) + list(extra)
     lines += [f"- {cell(note)}" for note in notes] + ([""] if notes else [])
     for c in result.subjects:
         if c.verdict in FAILING + ("inconclusive",):
@@ -330,7 +363,7 @@ section { border-top: 1px solid #e0e0e0; padding-top: 0.5em; }
 """ + "".join(f".v-{verdict} {{ background: {colour}; }}\n" for verdict, colour in _COLOUR.items())
 
 
-def to_html(result: RunResult, doc: dict, title: str, plots: bool = True) -> str:
+def to_html(result: RunResult, doc: dict, title: str, plots: bool = True, extra: list[str] = ()) -> str:
     """A self-contained HTML report: summary grid, a section with figures per failing case (``plots``:
     drawn with matplotlib; else said), the full table."""
     e = html.escape
@@ -338,7 +371,7 @@ def to_html(result: RunResult, doc: dict, title: str, plots: bool = True) -> str
     anchors = {i: n for n, (i, _) in enumerate(failing)}
     body = [f"<h1>lossless-check gate: <code>{e(title)}</code></h1>",
             f"<p><b>{e(_headline(result))}</b></p><p>{e(_context(result, doc))}</p>",
-            *(f"<p>{e(note)}</p>" for note in _notes(result)), "<h2>Summary</h2>", _grid(result, anchors)]
+            *(f"<p>{e(note)}</p>" for note in _notes(result) + list(extra)), "<h2>Summary</h2>", _grid(result, anchors)]
     if failing:
         body.append("<h2>Failing cases</h2>")
         body += [_failing_section(anchors[i], c, _main_scenario(result), plots) for i, c in failing]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from lossless_check.core.options import positive_int, probability
+from lossless_check.faces.coverage_option import add_coverage_dir_option, add_coverage_option
 from lossless_check.faces.on_release import add_release_option
 
 
@@ -33,6 +34,8 @@ def add_models_command(sub) -> None:
                         help="processes the sampling calls are spread over, each loading the pair (default 1; "
                              "the same seed gives the same report for any W)")
     models.add_argument("--json", metavar="PATH", help="write the report here")
+    add_coverage_option(models, default=False)
+    add_coverage_dir_option(models)
     add_release_option(models)
 
 
@@ -55,12 +58,16 @@ def models_command(args) -> int:
     """Exit 0 when every row is lossless (or skipped), 1 when one is not lossless or errs."""
     import json
 
-    from lossless_check.running.journal import write_atomically
+    from lossless_check.faces.coverage_option import measured, report_coverage
     from lossless_check.faces.models import check_models
+    from lossless_check.running.journal import write_atomically
 
-    result = check_models(args.target, args.assistant, args.generator, args.warpers, args.prompts,
-                          args.max_new_tokens, args.samples, args.alpha, args.seed, args.device, args.workers)
+    with measured(args.generator or (), args.coverage) as measurement:
+        result = check_models(args.target, args.assistant, args.generator, args.warpers, args.prompts,
+                              args.max_new_tokens, args.samples, args.alpha, args.seed, args.device, args.workers)
     print(result.table())
+    report_coverage(measurement, args.coverage_dir, list(dict.fromkeys(r.generator.rpartition(":")[2]
+                                                                        for r in result.rows)))
     if args.json:
         write_atomically(args.json, json.dumps(result.to_dict(), indent=2, default=str) + "\n")
     return result.exit_code

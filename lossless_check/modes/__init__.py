@@ -4,6 +4,8 @@
 - ``generate`` (:mod:`.generate`): the real ``generate()`` loop, statistical;
 - ``provenance`` (:mod:`.provenance`): exact and white-box, no sampling error;
 - ``greedy`` (:mod:`.greedy`): exact, ``do_sample=False`` through the real loop against plain greedy decoding;
+- ``options`` (:mod:`.loop_options`): exact, what ``generate()`` returns and streams beside the tokens, and the
+  heuristic draft schedule;
 - ``all``: step with provenance beside it (a run adds generate mode for each case).
 
 :func:`run_case` is the one task the engine runs per case, in any process; :func:`chunked_run` the
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 from lossless_check.evidence.results import Case, CaseResult
 
-MODES = ("step", "provenance", "generate", "greedy", "all")
+MODES = ("step", "provenance", "generate", "greedy", "options", "all")
 #: Modes whose verdict is statistical (they spend a share of the family's alpha).
 STATISTICAL_MODES = ("step", "generate", "all")
 
@@ -41,6 +43,10 @@ def skip_reason(case: Case, timeout: float = 600.0) -> str | None:
         from lossless_check.modes.greedy import skip_reason as greedy_skip
 
         return greedy_skip(case)
+    if case.mode == "options":
+        from lossless_check.modes.loop_options import skip_reason as options_skip
+
+        return options_skip(case)
     return None
 
 
@@ -121,6 +127,10 @@ def run_case(case: Case, samples: int, seed: int, alpha_case: float, sequential:
         from lossless_check.modes.greedy import run_greedy_case
 
         return run_greedy_case(case, seed, timeout)
+    if case.mode == "options":
+        from lossless_check.modes.loop_options import run_options_case
+
+        return run_options_case(case, seed, timeout)
     raise ValueError(f"unknown mode {case.mode!r}")
 
 

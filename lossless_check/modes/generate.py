@@ -156,6 +156,12 @@ def _setup(case: Case, max_new_tokens: int) -> _Setup:
     from transformers import GenerationConfig
 
     scenario = case.scenario
+    if getattr(scenario, "encoder_decoder", False):  # markov8-seq2seq: encoder-decoder stubs (.seq2seq)
+        from lossless_check.modes.seq2seq import seq2seq_setup
+
+        parts = seq2seq_setup(case, max_new_tokens)
+        eos = _eos_ids(parts.pop("prepared"))
+        return _Setup(**parts, eos=eos)
     family = case.generator.adapter.name
     prompt_ids = torch.tensor([scenario.prompt], dtype=torch.long)
     config = GenerationConfig(do_sample=True, max_new_tokens=max_new_tokens, **release_warpers(case.warpers))
@@ -295,6 +301,10 @@ def skip_reason(case: Case) -> str | None:
     if generator.generator_class is None:
         return f"{name} {ABSENT}"
     scenario = case.scenario
+    if getattr(scenario, "encoder_decoder", False):
+        from lossless_check.modes.seq2seq import skip_reason as seq2seq_skip
+
+        return seq2seq_skip(case)
     if isinstance(scenario, TinyLlamaScenario):
         if name == loop_models.FACTORY:
             return (f"a factory builds its generator from a fixed-logits scenario's stubs (ctx.assistant()); the "

@@ -11,6 +11,7 @@ import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from typing import Callable
 
+from lossless_check.running.code_coverage import active_session, start_worker
 from lossless_check.running.workers import init_worker, one_thread
 
 
@@ -53,7 +54,7 @@ class Engine:
                     results.append(task(*args))
                     _report(index, results[-1], progress, finished)
             return results
-        scheduler = Scheduler(self._start().submit, self.workers)
+        scheduler = Scheduler(self._submit, self.workers)
         try:
             with one_thread():  # a split case's looks run here, as they would in a worker
                 return scheduler.map(task, arguments, progress, cost, finished, split)
@@ -71,13 +72,26 @@ class Engine:
         for _ in range(self.workers):
             pool.submit(warm)
 
+    def _submit(self, task: Callable, *args):
+        """``task(*args)`` on the pool: measured in its worker while the run measures coverage
+        (:mod:`lossless_check.running.code_coverage`)."""
+        session = active_session()
+        if session is None:
+            return self._start().submit(task, *args)
+        task, args = session.covered(task, args)
+        return session.unwrap(self._start().submit(task, *args))
+
     def _start(self) -> ProcessPoolExecutor:
         if self._pool is None:
             from lossless_check.running.spawn_guard import check_main_guard
 
             check_main_guard(self.workers)
+            session = active_session()
+            # Under coverage a worker measures from its start, before its imports (their import-time lines count).
+            initializer, initargs = ((init_worker, ()) if session is None
+                                     else (start_worker, (session.include, init_worker)))
             self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=init_worker)
+                                             initializer=initializer, initargs=initargs)
         return self._pool
 
     def close(self, stop_now: bool = False) -> None:

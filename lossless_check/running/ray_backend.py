@@ -86,8 +86,13 @@ class RayEngine:
         return max(1, int(self._ray.cluster_resources().get("CPU", 1)))
 
     def _submit(self, task: Callable, *args) -> Future:
+        from lossless_check.running.code_coverage import active_session
+
+        session = active_session()  # the run measures coverage: the task is measured in its Ray worker
+        if session is not None:
+            task, args = session.covered(task, args)
         ref = self._remote.remote(task, args)
-        future = ref.future()
+        future = ref.future() if session is None else session.unwrap(ref.future())
         self._refs[future] = ref
         future.add_done_callback(lambda done: self._refs.pop(done, None))
         return future
