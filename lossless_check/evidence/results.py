@@ -41,6 +41,9 @@ class Case:
 
     ``generator`` is a :class:`~lossless_check.subjects.adapters.ResolvedGenerator`; ``max_new_tokens`` is
     the number of tokens each ``generate()`` call emits in generate mode (unused elsewhere).
+    ``torch_draws``: step mode makes every draw with torch's own kernel (by default, at V >= 1,024, the
+    installed verifier's draw and a batched call's drafts are made by inverse CDF, the same law:
+    :class:`~lossless_check.modes.interception.VerifierDraws`).
     """
 
     generator: Any
@@ -48,6 +51,7 @@ class Case:
     mode: str = "step"
     scenario: Scenario = DEFAULT
     max_new_tokens: int = 4
+    torch_draws: bool = False
 
     @property
     def warper_spec(self) -> str:
@@ -57,7 +61,8 @@ class Case:
     def key(self) -> str:
         """Identity of the case in seeds and caches: a function of what it checks, nothing else."""
         key = f"{self.generator.spec}|{self.warper_spec}|{self.mode}|{self.scenario.name}"
-        return key + (f"|K={self.max_new_tokens}" if self.mode == "generate" else "")
+        key += f"|K={self.max_new_tokens}" if self.mode == "generate" else ""
+        return key + ("|torch-draws" if self.torch_draws else "")
 
     def result(self, **fields) -> "CaseResult":
         """An empty result row for this case."""
@@ -125,6 +130,10 @@ class CaseResult:
     greedy_equivalence: dict | None = None
     # The run's bar (decide()): a statistical case reads lossless only if it states power at or below it.
     max_detectable_tv: float | None = None
+    # Step mode: draws the harness made by inverse CDF instead of torch.multinomial, among the trials the
+    # verdict rests on: {"verifier": the installed verifier's residual/bonus draws, "batched_drafts": draft
+    # tokens of batched rows} (modes/interception.py; both 0 with torch_draws). None: a mode that substitutes none.
+    substituted_draws: dict | None = None
 
     @property
     def detectable(self) -> tuple[int, float] | None:

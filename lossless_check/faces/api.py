@@ -201,14 +201,16 @@ def _stacks(warpers) -> list[dict[str, Any]]:
 
 
 def cases_for(generators: Iterable[str] | str | None = None, warpers=None, matrix: str | None = None,
-              mode: str = "step", scenario: str | None = None, max_new_tokens: int = 4) -> list[Case]:
+              mode: str = "step", scenario: str | None = None, max_new_tokens: int = 4,
+              torch_draws: bool = False) -> list[Case]:
     """The cases of a run: every generator x warper stack (``--warpers`` stacks, then the matrix's).
 
     ``scenario=None``: the stacks run on :data:`DEFAULT_SCENARIO`, and a ``default`` or ``full``
     matrix adds its real-world slices (:func:`~lossless_check.laws.matrix.real_world_slices`) in the
     run's step-side mode; a named scenario runs every stack there and nothing else. Greedy rows
     (:func:`greedy_cases`): ``mode="greedy"`` runs only them; a step or all run over the whole install
-    (``generators=None``: the main job) adds them.
+    (``generators=None``: the main job) adds them. ``torch_draws``: every case draws with torch's own
+    kernel (:func:`with_torch_draws`).
     """
     from lossless_check.laws.matrix import matrix as matrix_stacks
     from lossless_check.subjects.adapters import DEFAULT_GENERATORS, resolve_generator
@@ -220,7 +222,7 @@ def cases_for(generators: Iterable[str] | str | None = None, warpers=None, matri
     resolved = [resolve_generator(g) for g in (generators or DEFAULT_GENERATORS)]
     stacks = _stacks(warpers)
     if mode == "greedy":
-        return greedy_cases(resolved, stacks, scenario)
+        return with_torch_draws(greedy_cases(resolved, stacks, scenario), torch_draws)
     matrix_name = matrix or (None if stacks else "default")
     if matrix_name:
         stacks += matrix_stacks(matrix_name)
@@ -233,7 +235,14 @@ def cases_for(generators: Iterable[str] | str | None = None, warpers=None, matri
         cases += real_world_cases(resolved, matrix_name, modes[0], max_new_tokens)
     if generators is None and mode in ("step", "all"):
         cases += greedy_cases(resolved, [], scenario)
-    return cases
+    return with_torch_draws(cases, torch_draws)
+
+
+def with_torch_draws(cases: list[Case], torch_draws: bool = True) -> list[Case]:
+    """``cases`` drawing every token with torch's own kernel where ``torch_draws`` (``--torch-draws``): in
+    step mode, at V >= 1,024, no draw of the installed verifier or of a batched call by inverse CDF
+    (:class:`~lossless_check.modes.interception.VerifierDraws`); the other modes draw so anyway."""
+    return [replace(c, torch_draws=True) for c in cases] if torch_draws else cases
 
 
 def greedy_cases(generators: list, stacks: list[dict[str, Any]], scenario: str | None = None) -> list[Case]:
@@ -270,7 +279,8 @@ def run(generators: Iterable[str] | str | None = None, warpers=None, matrix: str
         scenario: str | None = None, samples: int = DEFAULT_SAMPLES, alpha: float = DEFAULT_ALPHA, seed: int = 0,
         workers: int = 1, sequential: bool = True, max_new_tokens: int = 4,
         progress: Callable[[int], None] | None = None, verifier: bool = True,
-        verifier_gates: bool | None = None, max_detectable_tv: float = DEFAULT_MAX_DETECTABLE_TV) -> RunResult:
+        verifier_gates: bool | None = None, max_detectable_tv: float = DEFAULT_MAX_DETECTABLE_TV,
+        torch_draws: bool = False) -> RunResult:
     """Check every generator under every warper stack; verdicts control the family-wise rate ``alpha``.
 
     ``generators``: names or ``module:attr`` specs (default: every built-in); ``warpers``: a spec
@@ -288,8 +298,9 @@ def run(generators: Iterable[str] | str | None = None, warpers=None, matrix: str
     (a call outside it is refused with a :class:`~lossless_check.core.errors.UsageError` saying so).
     A case that rejects nothing but could not have seen a departure of TV ``max_detectable_tv`` (power 0.99)
     is ``inconclusive``; a subject with no checked case, or an inconclusive one, gives ``exit_code`` 5.
+    ``torch_draws``: every draw by torch's own kernel, none by the harness's inverse CDF (:func:`with_torch_draws`).
     """
-    cases = cases_for(generators, warpers, matrix, mode, scenario, max_new_tokens)
+    cases = cases_for(generators, warpers, matrix, mode, scenario, max_new_tokens, torch_draws)
     gates = generators is None if verifier_gates is None else verifier_gates
     return run_cases(cases, samples, alpha, seed, workers, progress, sequential, verifier=verifier,
                      verifier_gates=gates, max_detectable_tv=max_detectable_tv)
@@ -297,7 +308,8 @@ def run(generators: Iterable[str] | str | None = None, warpers=None, matrix: str
 
 def check(generator: str, warpers=None, mode: str = "step", scenario: str = DEFAULT_SCENARIO,
           samples: int = DEFAULT_SAMPLES, alpha: float = DEFAULT_ALPHA, seed: int = 0, sequential: bool = True,
-          max_new_tokens: int = 4, max_detectable_tv: float = DEFAULT_MAX_DETECTABLE_TV) -> CaseResult:
+          max_new_tokens: int = 4, max_detectable_tv: float = DEFAULT_MAX_DETECTABLE_TV,
+          torch_draws: bool = False) -> CaseResult:
     """Check one generator under one warper stack (plain sampling when ``warpers`` is ``None``).
 
     Returns a :class:`~lossless_check.evidence.results.CaseResult`: ``verdict`` (``lossless``,
@@ -306,9 +318,12 @@ def check(generator: str, warpers=None, mode: str = "step", scenario: str = DEFA
     ran), ``error`` or ``skipped``), ``p_value``, ``tv``, ``tv_detectable`` (the smallest
     TV at position 1 detected with probability 0.99) and ``explain()``. The chance that a lossless
     generator is reported ``not_lossless`` is at most ``alpha``. Only ``lossless`` is a pass.
+    ``torch_draws``: every draw by torch's own kernel (:func:`with_torch_draws`); ``substituted_draws`` counts
+    the draws made otherwise.
     """
     if mode == "all":
         raise UsageError("check() takes one mode: step, generate, provenance or greedy")
-    cases = cases_for([generator], warpers if warpers is not None else "none", None, mode, scenario, max_new_tokens)
+    cases = cases_for([generator], warpers if warpers is not None else "none", None, mode, scenario, max_new_tokens,
+                      torch_draws)
     return run_cases(cases[:1], samples, alpha, seed, sequential=sequential,
                      max_detectable_tv=max_detectable_tv).cases[0]

@@ -58,6 +58,11 @@ def _common(parser: argparse.ArgumentParser, samples_help: str) -> None:
                         help="rows per real get_candidates call in step mode's batched arm; 1 runs every trial "
                              "at batch 1 (default 512)")
     parser.add_argument("--quiet", action="store_true", help="no progress")
+    parser.add_argument("--torch-draws", action="store_true",
+                        help="make every draw with torch's own kernel: by default, at a vocabulary of 1,024 or "
+                             "more, step mode draws the installed verifier's residual/bonus token and a batched "
+                             "call's drafts from float32/float64 rows by inverse CDF (the same law, about 10 times "
+                             "faster); each case's JSON row counts them (substituted_draws)")
     parser.add_argument("--backend", choices=("local", "ray"), default="local",
                         help="where cases run: the local process pool (default), or Ray (pip install -e '.[ray]')")
     parser.add_argument("--address", default=None, metavar="HOST:PORT",
@@ -192,7 +197,8 @@ def _check_paths(args) -> None:
 def _cases(args):
     from lossless_check.faces.api import cases_for
 
-    return cases_for(args.generator, args.warpers, args.matrix, args.mode, args.scenario, args.max_new_tokens)
+    return cases_for(args.generator, args.warpers, args.matrix, args.mode, args.scenario, args.max_new_tokens,
+                     args.torch_draws)
 
 
 def _run(args) -> int:
@@ -277,7 +283,8 @@ def _gate(args) -> int:
                                 sequential=not args.fixed, progress=advance, batch_size=args.batch_size,
                                 return_result=True, generate_samples=args.generate_samples, repro_dir=args.repro,
                                 resume=args.resume, backend=args.backend, address=args.address,
-                                verifier=not args.no_verifier, verifier_gates=args.verifier_gates, **_bar(args))
+                                verifier=not args.no_verifier, verifier_gates=args.verifier_gates,
+                                torch_draws=args.torch_draws, **_bar(args))
     except RunInterrupted as stopped:
         return _interrupted(stopped.partial, str(Path(args.out) / "report.json"), args.table)
     from lossless_check.outputs.report import print_table

@@ -45,7 +45,7 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
          progress: Callable[[int], None] | None = None, sequential: bool = True, batch_size: int | None = None,
          return_result: bool = False, generate_samples: int = 400, repro_dir: str | Path | None = None,
          resume: bool = False, backend: str = "local", address: str | None = None, verifier: bool = True,
-         verifier_gates: bool = False, max_detectable_tv: float = DEFAULT_MAX_DETECTABLE_TV):
+         verifier_gates: bool = False, max_detectable_tv: float = DEFAULT_MAX_DETECTABLE_TV, torch_draws: bool = False):
     """Run ``generator_spec`` over a warper matrix, write the three reports into ``out_dir``, return the exit code.
 
     ``scenario=None``: the default scenario, plus the matrix's real-world cases in the first mode
@@ -67,10 +67,12 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
     An interrupted gate writes its reports with what finished and raises :class:`~lossless_check.faces.api.RunInterrupted`.
     ``verifier`` (default): the last row is the exact check of the installed ``_speculative_sampling``,
     reported beside the generator's cases; it decides the exit code too only with ``verifier_gates``.
+    ``torch_draws``: every draw by torch's own kernel (:func:`~lossless_check.faces.api.with_torch_draws`).
     """
     from lossless_check.subjects.adapters import resolve_generator
     from lossless_check.faces.api import (
         DEFAULT_SCENARIO, RunInterrupted, greedy_cases, real_world_cases, resolve_scenario, run_cases,
+        with_torch_draws,
     )
     from lossless_check.running.journal import Journal, run_identity
     from lossless_check.laws.matrix import matrix
@@ -85,6 +87,7 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
         cases += real_world_cases([generator], matrix_name, modes[0])
     if "greedy" in modes:
         cases += greedy_cases([generator], [], scenario)
+    cases = with_torch_draws(cases, torch_draws)
     if hasattr(progress, "set_total"):
         progress.set_total(len(cases))
     by_mode = {"generate": min(samples, generate_samples)}

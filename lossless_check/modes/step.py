@@ -40,7 +40,7 @@ from lossless_check.modes.batching import (
     family_flag,
     rows_per_call,
 )
-from lossless_check.modes.interception import one_row_draws_by_inverse_cdf
+from lossless_check.modes.interception import VerifierDraws
 from lossless_check.modes.observations import Observations, widen
 from lossless_check.modes.randomness import (
     FRESH_LEVEL,
@@ -90,6 +90,7 @@ class StepCase:
         self.stops_at_eos = family_flag(case.generator.adapter, "drafts_stop_at_eos")
         self._session = None
         self._batching: tuple[int, str] | None = None
+        self._drafts_substituted = 0  # draft tokens the last batched call drew by inverse CDF
         #: What batch-1 calls were seen do with randomness they manage themselves (:mod:`.randomness`).
         self.own_randomness = OwnRandomness()
         self.target_side = TargetLogits(scenario.target, self.target, self.processors, self.prompt_ids)
@@ -190,6 +191,8 @@ class StepCase:
         n_matches = np.zeros(samples, dtype=np.int64)
         drafts = np.zeros(samples, dtype=np.int64)
         impossible = np.zeros(samples, dtype=np.int64)
+        verifier_substituted = np.zeros(samples, dtype=bool)
+        drafts_substituted = np.zeros(samples)
         length = self.prompt_ids.shape[1]
         started = time.perf_counter()
         t = 0
@@ -202,16 +205,20 @@ class StepCase:
                     emitted = widen(emitted, gamma + 1)
                 impossible[t : t + rows] = zero_q.sum(axis=1)
                 drafts[t : t + rows] = lengths
-                with one_row_draws_by_inverse_cdf(self.case.scenario.vocab_size):  # the verifier's draws
+                drafts_substituted[t : t + rows] = self._drafts_substituted / rows
+                with VerifierDraws(self.case.scenario.vocab_size, self.case.torch_draws) as draws:
                     for r in range(rows):
                         g = lengths[r]
                         candidates = candidate_ids[r : r + 1, : length + g]
+                        before = draws.tally.substituted
                         valid_tokens, n = self.verified(candidates, candidate_logits[r : r + 1, :g], g)
+                        verifier_substituted[t] = draws.tally.substituted > before
                         tokens = valid_tokens[0].numpy()
                         emitted[t, : len(tokens)] = tokens
                         n_matches[t] = int(n)
                         t += 1
-        return Observations(emitted, n_matches, drafts, impossible, replayed, time.perf_counter() - started)
+        return Observations(emitted, n_matches, drafts, impossible, replayed, time.perf_counter() - started,
+                            verifier_substituted, drafts_substituted)
 
     def verified(self, candidates: torch.Tensor, candidate_logits: torch.Tensor, gamma: int):
         """The installed verifier on one row. If it raises where the processed target is
@@ -237,6 +244,7 @@ class StepCase:
         """One call on ``rows`` rows (``candidate_ids``, ``candidate_logits``, each row's draft
         length, its :func:`impossible_drafts`), its rows where ``replay`` is set replayed at batch 1 first."""
         length = self.prompt_ids.shape[1]
+        self._drafts_substituted = 0
         if rows == 1:
             with self.own_randomness.watching() as drafted:
                 candidate_ids, candidate_logits = self.draft(1)
@@ -247,12 +255,14 @@ class StepCase:
         vocab = self.case.scenario.vocab_size
         with watched_randomness():
             try:
-                with SamplerLog(vocab, keep=np.flatnonzero(replay).tolist(), exact_draws=True) as log:
+                with SamplerLog(vocab, keep=np.flatnonzero(replay).tolist(),
+                                exact_draws=not self.case.torch_draws) as log:
                     candidate_ids, candidate_logits = self.draft(rows)
             except Timeout:
                 raise
             except GeneratorFailure as exc:  # the batched call is the harness's construct, not the loop's
                 raise BatchMismatch(f"a call on {rows} rows failed ({exc})") from exc
+            self._drafts_substituted = log.tally.substituted
             lengths = draft_lengths(candidate_ids[:, length:], self.eos, self.stops_at_eos)
             replay_rows(self.draft, candidate_ids, candidate_logits, log, lengths, np.flatnonzero(replay).tolist(),
                         length, vocab)
@@ -330,6 +340,7 @@ class StepCase:
         result.batch = {"batch_size": size, "note": note, "batch1_trials": result.samples - batched,
                         "batched_trials": batched}
         result.generator_facts = getattr(self.session(), "facts", None) or None
+        result.substituted_draws = obs.substituted_draws
         violations = position_tests(result, [self.position_strata(obs, j) for j in range(positions)], alpha,
                                     self.power)
         if batched:
