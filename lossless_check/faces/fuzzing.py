@@ -344,11 +344,11 @@ def _no_evidence(records: list[dict]) -> str:
     return f"no stack's statistical test passed with power ({met})"
 
 
-def _covering(examiner: _Examiner, covering, check: Callable[[dict, str], tuple[str, str] | None]
-              ) -> tuple[dict, tuple[str, str]] | None:
+def _covering(examiner: _Examiner, covering, check: Callable[[dict, str], tuple[str, str] | None],
+              shrink: bool = True) -> tuple[dict, tuple[str, str]] | None:
     """Check every covering stack in order; at the first failure, the 1-minimal failing stack (options
-    dropped one at a time, the latest in catalog order first, while ``check`` still fails) and its
-    ``(verdict, why)``; None if none fails."""
+    dropped one at a time, the latest in catalog order first, while ``check`` still fails; the failing
+    covering stack itself without ``shrink``) and its ``(verdict, why)``; None if none fails."""
     from lossless_check.laws.warpers import format_warpers
     from lossless_check.strategies import AUXILIARY
 
@@ -356,7 +356,7 @@ def _covering(examiner: _Examiner, covering, check: Callable[[dict, str], tuple[
         why = check(stack, COVERING)
         if why is None:
             continue
-        smaller = True
+        smaller = shrink
         while smaller:
             smaller = False
             for option in reversed([k for k in stack if k not in AUXILIARY]):
@@ -408,8 +408,8 @@ def _settings(examples: int, database: str | None):
                     report_multiple_bugs=False, suppress_health_check=list(HealthCheck))
 
 
-def _search(examiner: _Examiner, check: Callable[[dict, str], tuple[str, str] | None], evidence: Callable[[dict], float],
-            key: str, examples: int, seed: int, database: str | None,
+def _search(examiner: _Examiner, check: Callable[[dict, str], tuple[str, str] | None],
+            evidence: Callable[[dict], float], key: str, examples: int, seed: int, database: str | None,
             covering_stacks: list[dict]) -> tuple[dict, tuple[str, str]] | None:
     """Run hypothesis over ``examples`` distinct non-vacuous random stacks, none of ``covering_stacks``; the
     minimal failing stack and its ``(verdict, why)``, or None. ``evidence(record)`` is what ``target()``
