@@ -5,7 +5,7 @@
 - Randomness the forced replays cannot see (``fixtures/mutants/private_randomness.py``) moves a case
   to batch 1, where it fails.
 - A batched case states ``tv_detectable`` at position 1 only; a coarsened case says it tests cells and
-  what a bug can move inside them; the attribution level counts a call's rounds.
+  what a bug can move inside them (the attribution level: ``tests/test_attribution.py``).
 """
 
 from __future__ import annotations
@@ -136,21 +136,6 @@ def test_a_coarsened_case_says_it_is_tested_on_cells():
     first = result.positions[0]
     assert first["tested_on"].endswith("cells") and first["within_cell_tv"] > 0.1, first
     assert "on 81 cells" in result.reason or result.verdict != "lossless", result.reason
-
-
-# -- the attribution level ------------------------------------------------------------------------
-
-
-def test_the_attribution_level_covers_k_rounds_a_trial():
-    """A generate call of K rounds, each with a zero-probability draft at the verifier (the generator
-    that sits at the bound), keeps a trial with probability (1 - 2^-24)^K: ``kept_level`` covers the
-    worst case, and the level stated before (one round a trial) does not."""
-    from lossless_check.evidence.attribution import RATE, kept_level
-
-    alpha, n, k = 1e-6, 5000, 4
-    worst = alpha / (1 - RATE) ** (k * n)
-    assert kept_level(alpha, n, k) >= worst
-    assert kept_level(alpha, n, 1) < worst  # the old statement, alpha (1 - 2^-24)^-n, falls short
 
 
 # -- the per-position figure past position 1 (batch-1 cases) -----------------------------------------
