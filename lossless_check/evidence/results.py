@@ -255,8 +255,11 @@ class CaseResult:
         needed = math.ceil(self.samples * (tv / bar) ** 2) if self.samples else None
         more = f"; about {needed} trials would" if needed else ""
         seen = f" (TV {self.tv:.4f})" if self.tv is not None else ""
+        at = next((p for p in self.positions if p.get("position") == position), {})
+        # Above 4096 tokens the laws are tested on cells: the figure is a TV between cell laws.
+        cells = f" on {at['tested_on']}" if at.get("tested_on", "tokens") != "tokens" else ""
         return (f"inconclusive: no rejection in {self.samples} trials{seen}, but it detects only "
-                f"TV >= {tv:.4f} at position {position} with power {POWER}, above the stated {bar:g}{more}")
+                f"TV >= {tv:.4f}{cells} at position {position} with power {POWER}, above the stated {bar:g}{more}")
 
     def to_dict(self) -> dict:
         out = dict(self.__dict__)
