@@ -80,9 +80,8 @@ def _grid(first: float, low: float, high: float, points: int = 31) -> tuple[floa
 
 
 def _parameters(vocab_size: int) -> dict[str, Any]:
-    """Each option's parameter, drawn from coins (``draw -> value``). No constraint depends on which
-    other options are drawn, so dropping a warper leaves every other choice valid and where it was
-    (shrinking relies on it). Ranges: temperature 0.3-2, top_k 1-V, top_p 0.2-1, min_p 0-1,
+    """Each option's parameter, drawn from coins (``draw -> value``); any coins give a valid value, and
+    no constraint depends on which other options are drawn. Ranges: temperature 0.3-2, top_k 1-V, top_p 0.2-1, min_p 0-1,
     typical_p 0.2-1, epsilon and eta 0.005-0.5, top_h 0.05-1, repetition_penalty 0.5-3,
     no_repeat_ngram_size 1-4, 1-3 bad words or biased sequences of 1-2 tokens (bias -3 to 3), 1-3
     suppressed tokens, min_new_tokens 1-4, exponential decay from token 0-4 at a factor 0.5-3."""
@@ -202,21 +201,21 @@ def warper_stacks(vocab_size: int = DEFAULT.vocab_size, *, history: int = HISTOR
 
     @st.composite
     def stacks(draw) -> dict[str, Any]:
-        # Presence first, then every option's parameter whether present or not: each choice keeps its
-        # place and its constraints, so the shrinker can drop a warper by clearing one of its coins.
-        # Presence goes in reverse catalog order: of several one-warper failures the shrinker reports the
-        # one whose coins come last, i.e. the earliest catalog entry (temperature, top_k, ...).
+        # Presence first, then the parameters of the options present, in catalog order: two choice
+        # sequences give two different stacks (an absent option draws nothing), so a search's examples are
+        # distinct stacks, and the shrinker drops a warper by clearing one of its coins (every coin
+        # sequence is valid, so the parameters after it stay valid). Presence goes in reverse catalog
+        # order: of several one-warper failures the shrinker reports the one whose coins come last, i.e.
+        # the earliest catalog entry (temperature, top_k, ...).
         chosen = {name for name in reversed(names) if all([draw(st.booleans()) for _ in range(presence_bits)])}
         # Each explicit banning option bans at least one token: reserve that before sizing the others.
         left = budget - sum(n in chosen for n in EXPLICIT_BANS)
         stack: dict[str, Any] = {}
-        for name in (n for n in OPTIONS if n in names):
-            value = parameters[name](draw)
-            if name in chosen:
-                stack[name], bans = _fit(name, value, history, left)
-                left -= bans
-                if name in EOS_OPTIONS:
-                    stack["eos_token_id"] = eos_token_id
+        for name in (n for n in OPTIONS if n in chosen):
+            stack[name], bans = _fit(name, parameters[name](draw), history, left)
+            left -= bans
+            if name in EOS_OPTIONS:
+                stack["eos_token_id"] = eos_token_id
         return stack
 
     return stacks()

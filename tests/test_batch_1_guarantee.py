@@ -61,7 +61,7 @@ def test_a_bug_at_batch_1_only_moves_the_case_to_batch_1_and_is_flagged(name, tr
     note = result.batch["note"]
     assert result.batch["batch_size"] == 1 and note.startswith("batch 1: row ") and "softmax(q)" in note, note
     effect = position_1_effect(name, transform)
-    assert effect >= result.tv_detectable or result.verdict == "not_lossless"
+    assert effect >= result.tv_detectable, (effect, result.tv_detectable)  # so it is caught with power 0.99
     assert result.verdict == "not_lossless", (effect, result.reason)
 
 
