@@ -114,6 +114,10 @@ def test_a_batched_case_states_nothing_past_position_1_it_cannot_prove():
     assert batched.verdict == "lossless" and batched.batch["batch_size"] > 1, batched.batch
     first, *later = batched.positions
     assert first["tv_detectable"] == batched.tv_detectable > first["tv_detectable_batched"]
+    # docs/guarantee.md's figure (markov8, top_k=3, 5,000 trials: one law at position 1, so the same for every
+    # lossless generator): 0.0709 + ln(200)/200 = 0.0709 + 0.0265 = 0.0973.
+    assert batched.batch["replays"] == 200 and round(batched.batch["replay_tv"], 4) == 0.0265, batched.batch
+    assert round(first["tv_detectable_batched"], 4) == 0.0709 and round(batched.tv_detectable, 4) == 0.0973
     assert later and all(p["tv_detectable"] is None and p["tv_detectable_batched"] is not None for p in later)
     moved = lc.check("fixtures.mutants.position_2_at_batch_1:UniformSecondDraftAfterRare")
     assert moved.batch["batch_size"] == 1 and "draft position 2" in moved.batch["note"], moved.batch

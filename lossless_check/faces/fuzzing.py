@@ -173,8 +173,10 @@ class FuzzResult:
                     f"{power}{blind}; "
                     f"{self.seconds:.0f} s")
         if self.verdict == "lossless":
-            return (f"{self.generator}: lossless on the option-triple covering and {self.examples} random warper "
-                    f"stacks ({evidence})")
+            covering = sum(r.get("phase") == COVERING and "verdict" in r for r in self.records)
+            searched = sum(r.get("phase") == SEARCH and "verdict" in r for r in self.records)
+            return (f"{self.generator}: lossless on {covering} covering stacks and {searched} distinct random ones "
+                    f"from {self.examples} hypothesis examples a pass ({evidence})")
         if self.verdict == "inconclusive":
             return f"{self.generator}: NO ANSWER: {self.reason} ({evidence})"
         if self.verdict == "error":
