@@ -81,8 +81,8 @@ def _grid(first: float, low: float, high: float, points: int = 31) -> tuple[floa
 
 def _parameters(vocab_size: int) -> dict[str, Any]:
     """Each option's parameter, drawn from coins (``draw -> value``); any coins give a valid value, and
-    no constraint depends on which other options are drawn. Ranges: temperature 0.3-2, top_k 1-V, top_p 0.2-1, min_p 0-1,
-    typical_p 0.2-1, epsilon and eta 0.005-0.5, top_h 0.05-1, repetition_penalty 0.5-3,
+    no constraint depends on which other options are drawn. Ranges: temperature 0.3-2, top_k 1-V, top_p
+    0.2-1, min_p 0-1, typical_p 0.2-1, epsilon and eta 0.005-0.5, top_h 0.05-1, repetition_penalty 0.5-3,
     no_repeat_ngram_size 1-4, 1-3 bad words or biased sequences of 1-2 tokens (bias -3 to 3), 1-3
     suppressed tokens, min_new_tokens 1-4, exponential decay from token 0-4 at a factor 0.5-3."""
     grids = {

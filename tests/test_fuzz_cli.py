@@ -11,7 +11,7 @@ from fixtures.releases import skip_module_without
 
 skip_module_without("DFlashTokenCandidateGenerator")  # two of the three controls are DFlash subclasses
 from fixtures import three_way  # noqa: E402
-from lossless_check.faces import fuzzing  # noqa: E402
+from lossless_check.faces import fuzz_search, fuzzing  # noqa: E402
 from lossless_check.faces.cli import main  # noqa: E402
 from lossless_check.laws.scenarios import SCENARIOS  # noqa: E402
 from lossless_check.laws.warpers import format_warpers, parse_warpers  # noqa: E402
@@ -85,17 +85,17 @@ def test_statistical_search_and_its_shrinking_spend_the_split_alpha(monkeypatch)
     its arguments alone (tests/test_fuzz_seed.py), so no fresh interpreter is needed."""
     alpha = 1e-6
 
-    def no_exact(self, stack, phase=fuzzing.SEARCH):
+    def no_exact(self, stack, phase=fuzz_search.SEARCH):
         record = self.record(stack, phase)
         record.setdefault("exact", "not_applicable")
         return record
 
-    monkeypatch.setattr(fuzzing._Examiner, "exact", no_exact)
+    monkeypatch.setattr(fuzz_search.Examiner, "exact", no_exact)
     result = fuzzing.fuzz("fixtures.three_way:DFlashWrongUnderNgramRepetitionTopP", alpha=alpha, database=None)
     assert result.verdict == "not_lossless" and "--mode step" in result.reproduce, result.summary()
     assert set(parse_warpers(result.stack)) == set(three_way.DFlashWrongUnderNgramRepetitionTopP.TRIGGER)
     tested = [r for r in result.records if r.get("alpha") is not None]
-    covering = fuzzing._covering_of(SCENARIOS[result.scenario])
+    covering = fuzz_search.covering_of(SCENARIOS[result.scenario])
     share = fuzzing.alpha_of_covering(alpha, len(covering.stacks))
     specs = {format_warpers(stack) for stack in covering.stacks}
     in_covering = [r for r in tested if r["stack"] in specs]
@@ -167,5 +167,5 @@ def test_a_generator_that_raises_is_an_error_not_a_losslessness_verdict_and_fuzz
 def test_failure_floats_are_formatted():
     record = {"verdict": "not_lossless", "alpha": 6.079271018540267e-07, "p_value": 1.395231097369173e-07,
               "tv_detectable": 0.09383127345, "reason": "output law at position 1"}
-    verdict, why = fuzzing._statistical_failure(record)
+    verdict, why = fuzz_search.statistical_failure(record)
     assert verdict == "not_lossless" and "p=1.4e-07" in why and "detectable TV 0.0938" in why and "1.395231" not in why

@@ -16,7 +16,7 @@ import pytest
 
 from fixtures.releases import DFLASH, needs
 from lossless_check.evidence.results import Case
-from lossless_check.faces.fuzzing import _covering_of
+from lossless_check.faces.fuzz_search import covering_of
 from lossless_check.laws.matrix import available_catalog
 from lossless_check.laws.scenarios import SCENARIOS
 from lossless_check.modes.covering import MAX_OPTIONS, q_informative, triple_covering, triples_of
@@ -29,7 +29,7 @@ MARKOV8 = SCENARIOS["markov8"]
 
 
 def test_every_triple_of_options_is_held_by_a_small_q_informative_stack():
-    covering = _covering_of(MARKOV8)
+    covering = covering_of(MARKOV8)
     options = [e.option for e in available_catalog()]
     assert covering.options == options and not covering.uncovered
     held = set()
@@ -43,7 +43,7 @@ def test_every_triple_of_options_is_held_by_a_small_q_informative_stack():
 
 def test_the_covering_is_a_function_of_the_scenario_and_the_catalog():
     again = triple_covering(MARKOV8, available_catalog())
-    assert again.stacks == _covering_of(MARKOV8).stacks
+    assert again.stacks == covering_of(MARKOV8).stacks
 
 
 #: A stack of the kind a dense random draw makes (9 options, several strong truncations) that holds
@@ -61,7 +61,7 @@ def test_a_mutants_triple_in_a_stack_that_is_not_q_informative_shows_nothing_and
     dense = provenance_check(Case(mutant, DENSE, scenario=MARKOV8), trials=3)
     assert dense.verdict == "consistent" and max(p.tv for p in dense.positions) == 0, dense.reason
     trigger = mutant.generator_class.TRIGGER
-    covering = next(s for s in _covering_of(MARKOV8).stacks if all(o in s for o in trigger))
+    covering = next(s for s in covering_of(MARKOV8).stacks if all(o in s for o in trigger))
     caught = provenance_check(Case(mutant, covering, scenario=MARKOV8), trials=3)
     assert caught.verdict == "inconsistent", caught.reason
 

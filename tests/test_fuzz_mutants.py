@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 from fixtures.releases import DFLASH, needs
-from lossless_check.faces import fuzzing
+from lossless_check.faces import fuzz_search, fuzzing
 from lossless_check.laws.scenarios import SCENARIOS
 from lossless_check.laws.warpers import parse_warpers
 from lossless_check.strategies import AUXILIARY
@@ -60,13 +60,13 @@ def test_the_statistical_kind_is_found_by_the_covering_from_every_seed_and_shrun
     first stack holding its trigger, from each of 10 seeds; a whole search shrinks it to the trigger."""
     name = f"fixtures.mutants.three_option:{STATISTICAL_KIND}"
     assert no_pairwise_matrix_stack_triggers(STATISTICAL_KIND)
-    covering = fuzzing._covering_of(SCENARIOS[fuzzing.DEFAULT_SCENARIO])
+    covering = fuzz_search.covering_of(SCENARIOS[fuzzing.DEFAULT_SCENARIO])
     first = next(i for i, stack in enumerate(covering.stacks) if trigger(STATISTICAL_KIND) <= set(stack))
     share = fuzzing.alpha_of_covering(fuzzing.DEFAULT_ALPHA, len(covering.stacks))
     for seed in SEEDS:
-        examiner = fuzzing._Examiner(name, fuzzing.DEFAULT_SCENARIO, fuzzing.DEFAULT_SAMPLES, fuzzing.DEFAULT_ALPHA,
+        examiner = fuzz_search.Examiner(name, fuzzing.DEFAULT_SCENARIO, fuzzing.DEFAULT_SAMPLES, fuzzing.DEFAULT_ALPHA,
                                      seed, lambda trials: None)
-        found = fuzzing._covering(examiner, covering, lambda stack, phase: fuzzing._statistical_failure(
+        found = fuzz_search.covering_pass(examiner, covering, lambda stack, phase: fuzz_search.statistical_failure(
             examiner.statistical(stack, phase, share)), shrink=False)
         assert found is not None, seed
         record, (verdict, _) = found

@@ -41,9 +41,7 @@ class Case:
 
     ``generator`` is a :class:`~lossless_check.subjects.adapters.ResolvedGenerator`; ``max_new_tokens`` is
     the number of tokens each ``generate()`` call emits in generate mode (unused elsewhere).
-    ``torch_draws``: step mode makes every draw with torch's own kernel (by default, at V >= 1,024, the
-    installed verifier's draw and a batched call's drafts are made by inverse CDF, the same law:
-    :class:`~lossless_check.modes.interception.VerifierDraws`).
+    ``torch_draws``: step mode draws every token with torch's kernel (:mod:`~lossless_check.modes.interception`).
     """
 
     generator: Any
@@ -130,9 +128,8 @@ class CaseResult:
     greedy_equivalence: dict | None = None
     # The run's bar (decide()): a statistical case reads lossless only if it states power at or below it.
     max_detectable_tv: float | None = None
-    # Step mode: draws the harness made by inverse CDF instead of torch.multinomial, among the trials the
-    # verdict rests on: {"verifier": the installed verifier's residual/bonus draws, "batched_drafts": draft
-    # tokens of batched rows} (modes/interception.py; both 0 with torch_draws). None: a mode that substitutes none.
+    # Step mode: draws made by inverse CDF, not torch.multinomial, in the trials the verdict rests on ({"verifier":
+    # .., "batched_drafts": ..}: modes/interception.py; 0 with torch_draws). None: a mode that substitutes none.
     substituted_draws: dict | None = None
 
     @property

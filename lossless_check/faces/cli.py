@@ -58,11 +58,8 @@ def _common(parser: argparse.ArgumentParser, samples_help: str) -> None:
                         help="rows per real get_candidates call in step mode's batched arm; 1 runs every trial "
                              "at batch 1 (default 512)")
     parser.add_argument("--quiet", action="store_true", help="no progress")
-    parser.add_argument("--torch-draws", action="store_true",
-                        help="make every draw with torch's own kernel: by default, at a vocabulary of 1,024 or "
-                             "more, step mode draws the installed verifier's residual/bonus token and a batched "
-                             "call's drafts from float32/float64 rows by inverse CDF (the same law, about 10 times "
-                             "faster); each case's JSON row counts them (substituted_draws)")
+    parser.add_argument("--torch-draws", action="store_true", help="every draw by torch's kernel: none by inverse CDF "
+                        "(the verifier's draw at V >= 1,024, batched drafts; the same law; JSON substituted_draws)")
     parser.add_argument("--backend", choices=("local", "ray"), default="local",
                         help="where cases run: the local process pool (default), or Ray (pip install -e '.[ray]')")
     parser.add_argument("--address", default=None, metavar="HOST:PORT",

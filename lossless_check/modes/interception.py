@@ -162,6 +162,12 @@ class DrawTally:
     """How many tokens a substitution drew by inverse CDF instead of ``torch.multinomial``."""
 
     substituted: int = 0
+    _taken: int = 0
+
+    def take(self) -> int:
+        """The tokens substituted since the last ``take()``."""
+        new, self._taken = self.substituted - self._taken, self.substituted
+        return new
 
 
 def inverse_cdf_tokens(weights: torch.Tensor) -> torch.Tensor:

@@ -90,7 +90,6 @@ class StepCase:
         self.stops_at_eos = family_flag(case.generator.adapter, "drafts_stop_at_eos")
         self._session = None
         self._batching: tuple[int, str] | None = None
-        self._drafts_substituted = 0  # draft tokens the last batched call drew by inverse CDF
         #: What batch-1 calls were seen do with randomness they manage themselves (:mod:`.randomness`).
         self.own_randomness = OwnRandomness()
         self.target_side = TargetLogits(scenario.target, self.target, self.processors, self.prompt_ids)
@@ -186,13 +185,9 @@ class StepCase:
             self.check_fresh_draws(fresh)
             count = sum(replays_per_chunk(samples)) if replays is None else replays
             replayed[np.random.default_rng(seed).choice(samples, size=min(count, samples), replace=False)] = True
-        width = self.positions
-        emitted = np.full((samples, width), -1, dtype=np.int64)
-        n_matches = np.zeros(samples, dtype=np.int64)
-        drafts = np.zeros(samples, dtype=np.int64)
-        impossible = np.zeros(samples, dtype=np.int64)
-        verifier_substituted = np.zeros(samples, dtype=bool)
-        drafts_substituted = np.zeros(samples)
+        emitted = np.full((samples, self.positions), -1, dtype=np.int64)
+        n_matches, drafts, impossible = (np.zeros(samples, dtype=np.int64) for _ in range(3))
+        substituted = np.zeros((samples, 2))  # per trial: the verifier's draw, the batched drafts' share
         length = self.prompt_ids.shape[1]
         started = time.perf_counter()
         t = 0
@@ -203,22 +198,20 @@ class StepCase:
                 gamma = candidate_ids.shape[1] - length
                 if gamma + 1 > emitted.shape[1]:
                     emitted = widen(emitted, gamma + 1)
-                impossible[t : t + rows] = zero_q.sum(axis=1)
-                drafts[t : t + rows] = lengths
-                drafts_substituted[t : t + rows] = self._drafts_substituted / rows
+                impossible[t : t + rows], drafts[t : t + rows] = zero_q.sum(axis=1), lengths
+                substituted[t : t + rows, 1] = self._drafts_substituted / rows if rows > 1 else 0
                 with VerifierDraws(self.case.scenario.vocab_size, self.case.torch_draws) as draws:
                     for r in range(rows):
                         g = lengths[r]
                         candidates = candidate_ids[r : r + 1, : length + g]
-                        before = draws.tally.substituted
                         valid_tokens, n = self.verified(candidates, candidate_logits[r : r + 1, :g], g)
-                        verifier_substituted[t] = draws.tally.substituted > before
+                        substituted[t, 0] = draws.tally.take()
                         tokens = valid_tokens[0].numpy()
                         emitted[t, : len(tokens)] = tokens
                         n_matches[t] = int(n)
                         t += 1
         return Observations(emitted, n_matches, drafts, impossible, replayed, time.perf_counter() - started,
-                            verifier_substituted, drafts_substituted)
+                            *substituted.T)
 
     def verified(self, candidates: torch.Tensor, candidate_logits: torch.Tensor, gamma: int):
         """The installed verifier on one row. If it raises where the processed target is
@@ -244,7 +237,6 @@ class StepCase:
         """One call on ``rows`` rows (``candidate_ids``, ``candidate_logits``, each row's draft
         length, its :func:`impossible_drafts`), its rows where ``replay`` is set replayed at batch 1 first."""
         length = self.prompt_ids.shape[1]
-        self._drafts_substituted = 0
         if rows == 1:
             with self.own_randomness.watching() as drafted:
                 candidate_ids, candidate_logits = self.draft(1)
@@ -330,7 +322,7 @@ class StepCase:
         """Statistics of one case at ``alpha`` (its share of the family rate, less what a sequential
         run gives the anytime test)."""
         case = self.case
-        result = case.result(samples=len(obs.n_matches), seconds=obs.seconds)
+        result = case.result(samples=len(obs.n_matches), seconds=obs.seconds, substituted_draws=obs.substituted_draws)
         result.samples_per_second = result.samples / obs.seconds if obs.seconds > 0 else None
         positions = self.positions_of(obs)
         size, note = self.batching
@@ -340,7 +332,6 @@ class StepCase:
         result.batch = {"batch_size": size, "note": note, "batch1_trials": result.samples - batched,
                         "batched_trials": batched}
         result.generator_facts = getattr(self.session(), "facts", None) or None
-        result.substituted_draws = obs.substituted_draws
         violations = position_tests(result, [self.position_strata(obs, j) for j in range(positions)], alpha,
                                     self.power)
         if batched:
