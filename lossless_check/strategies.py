@@ -1,8 +1,10 @@
 """Hypothesis strategies for property-based fuzzing of warper stacks and fixed logits.
 
 - :func:`warper_stacks`: ``GenerationConfig`` keyword arguments for a random subset of the warper
-  catalog, each option with a parameter from its valid range. One presence flag per option is drawn
+  catalog, each option with a parameter from its valid range. Presence coins per option are drawn
   first, so hypothesis shrinks a failing stack towards fewer warpers (then towards simpler values).
+  Every choice is a fair coin: what a seed draws does not depend on the modules imported (hypothesis's
+  local constants reach integer, float and string draws only).
 - :func:`informative_stacks`: a stack strategy kept to the stacks that are not vacuous on a scenario
   (:mod:`~lossless_check.modes.informativeness`): a vacuous stack cannot fail on ``q``, so a property "every
   drawn stack is lossless" would pass there without testing anything (the harness reports it
