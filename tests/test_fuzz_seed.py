@@ -85,6 +85,8 @@ def import_everything() -> None:
 
     for package in (lossless_check, fixtures):
         for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+            if module.name.endswith("__main__"):  # runs the command line
+                continue
             try:
                 importlib.import_module(module.name)
             except Exception:  # noqa: BLE001 - a module this release cannot import (e.g. an absent generator)
