@@ -63,8 +63,8 @@ def test_a_failing_random_stack_is_found_again_from_the_seed_and_replayed_first_
         assert again.digest == first.digest
 
 
-#: A seed whose random search meets ``top_k <= 2`` in its exact pass (seeds 2, 6 and 11 of 0-11 do at the default budget;
-#: a seed is a search: tests/test_fuzz_seed.py).
+#: A seed whose random search meets ``top_k <= 2`` in its exact pass (seeds 2, 6 and 11 of 0-11 do at the
+#: default budget; a seed is a search: tests/test_fuzz_seed.py).
 FOUND_BY_SEARCH = 2
 
 
