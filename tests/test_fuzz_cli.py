@@ -106,7 +106,7 @@ def test_statistical_search_and_its_shrinking_spend_the_split_alpha(monkeypatch)
     assert result.alpha_spent <= alpha
 
 
-# heavy (.ci/run's first step): the 27 covering stacks and 4 random ones, each checked at 5,000 trials.
+# heavy (.ci/run's first step): the 50 covering stacks and 4 random ones, each checked at 5,000 trials.
 @pytest.mark.heavy
 def test_builtin_generator_passes_and_states_its_power():
     result = fuzzing.fuzz("DFlashTokenCandidateGenerator", examples=4, database=None)

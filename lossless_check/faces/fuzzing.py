@@ -9,9 +9,9 @@ random search (hypothesis).
 **What it looks at.** A bug that shows only when three options are stacked passes every pairwise
 matrix, and a random stack finds it only where it holds all three *and* leaves the laws room to show a
 wrong q (several truncations together leave a point mass wherever a round reaches). So each pass checks
-first the stacks of a strength-3 covering (:func:`~lossless_check.modes.covering.triple_covering`: 27 stacks
+first the stacks of a strength-3 covering (:func:`~lossless_check.modes.covering.triple_covering`: 50 stacks
 of at most 7 catalog options at their ``stacked`` values on ``markov8``, each q-informative, every triple of
-the 15 options in one of them), then ``examples`` random stacks of
+the 15 options in two of them with different options beside it), then ``examples`` random stacks of
 :func:`~lossless_check.strategies.warper_stacks`, sparse (each option present with probability 1/4,
 :data:`~.fuzz_search.PRESENCE_BITS`: 3.75 options on average), steered by hypothesis's ``target()``
 towards stacks with more q-informative draft positions and more evidence (the exact pass's provenance TV,
@@ -80,7 +80,7 @@ from lossless_check.faces.fuzz_search import (  # noqa: F401 - alpha_of_*, is_va
     statistical_failure,
 )
 
-#: Hypothesis examples per pass, after the covering's 27 stacks (markov8): about 20 distinct stacks (hypothesis
+#: Hypothesis examples per pass, after the covering's 50 stacks (markov8): about 20 distinct stacks (hypothesis
 #: draws some twice; a stack met before is not checked again). Runtime: docs/guides/fuzzing.md.
 DEFAULT_EXAMPLES = 30
 #: Trials per statistical example: TV ~0.10 detectable at position 1 (V = 8, alpha ~ 1e-8).
