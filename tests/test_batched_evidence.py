@@ -40,8 +40,8 @@ DEFECT_MOVED = 7
 def test_a_defect_of_batched_calls_only_never_fails_the_case(monkeypatch):
     """Never ``not_lossless`` (the real loop is the built-in Assisted: a false failure of the 10 runs has
     probability at most 10 x 1e-6 x 1.0003), and the defect did show: at least 7 of 10 runs moved to batch 1
-    and say why. Negative control: a harness whose batched rows may convict (``_batch_1_only`` off) fails
-    the same first run on its impossible draft, as every run did before issue 39."""
+    and say why. Negative control: a harness whose batched rows may convict (no replays, no confirmation, no
+    ``_batch_1_only``) fails the same first run on its impossible draft, as every run did before issue 39."""
     from scipy.stats import binom
 
     from lossless_check.modes.step_run import StepRun
@@ -57,6 +57,12 @@ def test_a_defect_of_batched_calls_only_never_fails_the_case(monkeypatch):
     moved = [r.batch["note"] for r in results if r.batch["batch_size"] == 1]
     assert len(moved) >= DEFECT_MOVED, moved
     assert all(n.startswith("batch 1: ") for n in moved) and any("impossible draft" in n for n in moved), moved
+    from lossless_check.modes import step
+
+    # The harness without its batch-1 proof: no replays, no confirmation of impossible drafts, batched rows
+    # free to convict.
+    monkeypatch.setattr(step, "replay_rows", lambda *args: None)
+    monkeypatch.setattr(step, "confirm_impossible", lambda *args: None)
     monkeypatch.setattr(StepRun, "_batch_1_only", lambda self, result: result)
     convicted = run_cases([case], DEFECT_SAMPLES, 1e-6, 0).cases[0]
     assert convicted.verdict == "not_lossless" and "impossible_draft" in convicted.failed_checks, convicted.reason
