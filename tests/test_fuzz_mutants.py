@@ -17,7 +17,7 @@ import pytest
 from fixtures.releases import DFLASH, needs
 from lossless_check.faces import fuzz_search, fuzzing
 from lossless_check.laws.scenarios import SCENARIOS
-from lossless_check.laws.warpers import parse_warpers
+from lossless_check.laws.warpers import format_warpers, parse_warpers
 from lossless_check.strategies import AUXILIARY
 
 SEEDS = range(10)
@@ -50,18 +50,19 @@ def test_an_exact_kind_is_found_and_shrunk_to_its_three_options_from_every_seed(
         assert set(parse_warpers(result.stack)) - set(AUXILIARY) == trigger(name), (seed, result.stack)
 
 
-# heavy (.ci/run's first step): 10 statistical covering passes to the trigger's stack (about 25 s each on 2
-# cores), then one whole search with its statistical shrinking (about 95 s).
+# heavy (.ci/run's first step): 10 statistical covering passes to a trigger's stack (19 or 25 lossless stacks
+# first, about 60 s of CPU each), then one whole search with its statistical shrinking.
 @pytest.mark.heavy
 @pytest.mark.slow
 @needs(DFLASH)
 def test_the_statistical_kind_is_found_by_the_covering_from_every_seed_and_shrunk():
-    """The exact pass is blind to it (a gap at every stack); the statistical pass's covering finds it at the
-    first stack holding its trigger, from each of 10 seeds; a whole search shrinks it to the trigger."""
+    """The exact pass is blind to it (a gap at every stack); the statistical pass's covering finds it at a
+    stack holding its trigger (there are two), from each of 10 seeds; a whole search shrinks it to the
+    trigger."""
     name = f"fixtures.mutants.three_option:{STATISTICAL_KIND}"
     assert no_pairwise_matrix_stack_triggers(STATISTICAL_KIND)
     covering = fuzz_search.covering_of(SCENARIOS[fuzzing.DEFAULT_SCENARIO])
-    first = next(i for i, stack in enumerate(covering.stacks) if trigger(STATISTICAL_KIND) <= set(stack))
+    holding = {format_warpers(stack) for stack in covering.stacks if trigger(STATISTICAL_KIND) <= set(stack)}
     share = fuzzing.alpha_of_covering(fuzzing.DEFAULT_ALPHA, len(covering.stacks))
     for seed in SEEDS:
         examiner = fuzz_search.Examiner(name, fuzzing.DEFAULT_SCENARIO, fuzzing.DEFAULT_SAMPLES, fuzzing.DEFAULT_ALPHA,
@@ -70,7 +71,7 @@ def test_the_statistical_kind_is_found_by_the_covering_from_every_seed_and_shrun
             examiner.statistical(stack, phase, share)), shrink=False)
         assert found is not None, seed
         record, (verdict, _) = found
-        assert verdict == "not_lossless" and record["stack"] == list(examiner.records)[first], (seed, record)
+        assert verdict == "not_lossless" and record["stack"] in holding, (seed, record)
     result = fuzzing.fuzz(name, database=None)
     assert result.verdict == "not_lossless" and "--mode step" in result.reproduce, result.summary()
     assert not any(r.get("exact") == "inconsistent" for r in result.records)  # the exact pass cannot see it
