@@ -48,7 +48,7 @@ from lossless_check.faces.cli import DEFAULT_SAMPLES
 from lossless_check.modes.sample_size import samples_to_detect  # noqa: E402
 from lossless_check.laws.matrix import matrix  # noqa: E402
 from lossless_check.modes.generate import _setup as generate_setup, collect as collect_generations  # noqa: E402
-from lossless_check.modes.interception import one_row_draws_by_inverse_cdf  # noqa: E402
+from lossless_check.modes.interception import VerifierDraws, inverse_cdf_tokens  # noqa: E402
 from lossless_check.modes.randomness import FRESH_CALLS  # noqa: E402
 from lossless_check.modes.replay import total_replays  # noqa: E402
 from lossless_check.modes.step import StepCase  # noqa: E402
@@ -119,18 +119,20 @@ def bare_verifier_loop_large(step: StepCase, trials: int, same_draws: bool = Fal
     and a history-free stack, each position's processed laws are one tensor, computed once, untimed.
 
     ``same_draws``: its drafts and the verifier's draw by inverse CDF, as the harness makes them
-    (:func:`~lossless_check.modes.interception.one_row_draws_by_inverse_cdf`); by default torch's kernel."""
+    (:func:`~lossless_check.modes.interception.inverse_cdf_tokens`,
+    :class:`~lossless_check.modes.interception.VerifierDraws`); by default torch's kernel."""
     scenario = step.case.scenario
     assert "markov" not in (scenario.target.kind, scenario.drafter.kind), "the laws must not depend on the tokens"
     gamma, prompt = step.positions - 1, step.prompt_ids
     laws = [torch.tensor(step.laws.drafter((0,) * j), dtype=torch.float32)[None] for j in range(gamma)]
     log_laws = torch.cat([torch.log(q) for q in laws])[None]
     target = step.target_side.computed(torch.cat([prompt, torch.zeros(1, gamma, dtype=torch.long)], dim=1))
-    draws = one_row_draws_by_inverse_cdf(scenario.vocab_size) if same_draws else nullcontext()
+    draws = VerifierDraws(scenario.vocab_size) if same_draws else nullcontext()
+    draft = inverse_cdf_tokens if same_draws else (lambda q: torch.multinomial(q, 1))
     started = time.perf_counter()
     with torch.no_grad(), draws:
         for _ in range(trials):
-            drafts = torch.cat([torch.multinomial(q, 1) for q in laws], dim=1)
+            drafts = torch.cat([draft(q) for q in laws], dim=1)
             step.verify(torch.cat([prompt, drafts], dim=1), log_laws, gamma, target.clone())
     return time.perf_counter() - started
 

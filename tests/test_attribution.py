@@ -111,3 +111,60 @@ def test_generate_mode_without_watching_the_verifier_blames_the_generator(r_zero
         return
     assert result.verdict == "not_lossless" and "support" in result.failed_checks
     assert {e["cause"] for e in result.exact_failures} == {"generator"}
+
+
+# -- the level the error-rate sentences state (README, docs/guarantee.md#error-rates) ---------------------
+
+
+def _forced_r(value: float, monkeypatch) -> None:
+    """Every ``torch.rand_like`` of the verifier returns ``value``."""
+    monkeypatch.setattr(torch, "rand_like", lambda like, *args, **kwargs: torch.full_like(like, value))
+
+
+def _first_draft_impossible():
+    """One round: the first draft has target probability 0 (q > 0), the second is likely under both."""
+    candidates = torch.tensor([[3, 1, 2, 0]])
+    q = torch.tensor([[[0.0, 0.0, 3.0, 0.0], [3.0, 0.0, 0.0, 0.0]]])
+    p = torch.tensor([[[1.0, 1.0, float("-inf"), 1.0], [3.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]])
+    return candidates, q, p
+
+
+def test_the_installed_verifier_accepts_a_zero_probability_draft_exactly_at_r_0(monkeypatch):
+    """The event the stated factor pays for, on the installed verifier: a draft of p = 0 is accepted at
+    r = 0 (4.37-5.24) and at no other value of float32 ``rand``'s grid (the smallest positive one, 2^-24,
+    rejects it): its probability is P(r = 0) = 2^-24 (the grid itself: ``lossless-check verifier``'s
+    premise). From 5.25 on it is accepted nowhere."""
+    from lossless_check.core.compat import speculative_sampling
+    from lossless_check.subjects.verifier import rand_grid
+
+    assert rand_grid().passed
+    candidates, q, p = _first_draft_impossible()
+    accepted = {}
+    for r in (0.0, 2.0 ** -24):
+        _forced_r(r, monkeypatch)
+        accepted[r] = int(speculative_sampling()(candidates, q, 2, p.clone())[1]) > 0
+    assert accepted == {0.0: ACCEPTS_AT_R_0, 2.0 ** -24: False}
+
+
+def test_the_stated_level_factors_are_the_attribution_level():
+    """The factors the error-rate sentences state are :func:`kept_level`'s at their sizes (1.0003 at 5,000
+    step trials, 1.0012 at 5,000 calls of K = 4), which covers K rounds a trial: a generate call of K rounds,
+    each with a zero-probability draft at the verifier, keeps a trial with probability (1 - 2^-24)^K, and
+    the level stated before (one round a trial) falls short of that worst case."""
+    import re
+    from pathlib import Path
+
+    from lossless_check.evidence.attribution import RATE, kept_level
+
+    alpha, n, k = 1e-6, 5000, 4
+    assert round(kept_level(alpha, n, 1) / alpha, 4) == 1.0003 and round(kept_level(alpha, n, k) / alpha, 4) == 1.0012
+    worst = alpha / (1 - RATE) ** (k * n)
+    assert kept_level(alpha, n, k) >= worst
+    assert kept_level(alpha, n, 1) < worst  # the old statement, alpha (1 - 2^-24)^-n, falls short
+    root = Path(__file__).resolve().parents[1]
+    for page in ("README.md", "docs/guarantee.md"):
+        text = " ".join((root / page).read_text().split())
+        sentence = re.search(r"\*\*[^*]*probability that the run reports any case `not_lossless` is at most[^*]*\*\*",
+                             text).group(0)
+        assert "(1 - K 2^-24)^-n" in sentence, (page, sentence)
+        assert "1.0003" in text and "1.0012" in text, page

@@ -55,14 +55,13 @@ BUGS = [("AssistedCandidateGenerator", "uniform"), ("AssistedCandidateGenerator"
 @pytest.mark.parametrize("name,transform", BUGS)
 def test_a_bug_at_batch_1_only_moves_the_case_to_batch_1_and_is_flagged(name, transform):
     """Default run (markov8, 5000 trials, sequential): the replay sees the first mutant row, the case
-    runs at batch 1 and says why, and a bug at or above the reported ``tv_detectable`` is flagged."""
+    runs at batch 1 and says why, and the bug is flagged there (a sequential case stops at its first
+    rejection, so its ``tv_detectable`` is the figure of the trials it ran, not a claim to compare with)."""
     with substituted(name, batch_1_only(installed(name), transform)):
         result = lc.check(name, warpers=WARPERS)
     note = result.batch["note"]
     assert result.batch["batch_size"] == 1 and note.startswith("batch 1: row ") and "softmax(q)" in note, note
-    effect = position_1_effect(name, transform)
-    assert effect >= result.tv_detectable or result.verdict == "not_lossless"
-    assert result.verdict == "not_lossless", (effect, result.reason)
+    assert result.verdict == "not_lossless", (position_1_effect(name, transform), result.reason)
 
 
 @needs(DFLASH)

@@ -11,9 +11,10 @@ from fixtures.releases import skip_module_without
 
 skip_module_without("DFlashTokenCandidateGenerator")  # two of the three controls are DFlash subclasses
 from fixtures import three_way  # noqa: E402
-from lossless_check.faces import fuzzing  # noqa: E402
+from lossless_check.faces import fuzz_search, fuzzing  # noqa: E402
 from lossless_check.faces.cli import main  # noqa: E402
-from lossless_check.laws.warpers import parse_warpers  # noqa: E402
+from lossless_check.laws.scenarios import SCENARIOS  # noqa: E402
+from lossless_check.laws.warpers import format_warpers, parse_warpers  # noqa: E402
 
 THREE_WAY = ["AssistedWrongUnderTemperatureTopKRepetition", "DFlashWrongUnderNgramRepetitionTopP",
              "DFlashWrongUnderTypicalBiasSuppress"]
@@ -34,19 +35,37 @@ def test_default_budget_finds_a_three_way_bug_and_prints_exactly_its_three_optio
     assert code == 1 and result["verdict"] == "not_lossless", out
     assert set(parse_warpers(result["stack"])) - {"eos_token_id"} == set(getattr(three_way, name).TRIGGER), out
     assert f"--warpers {shlex.quote(result['stack'])}" in out and "reproduce: lossless-check run" in out
+    assert f"lossless-check fuzz --generator fixtures.three_way:{name} --seed 0" in out  # the search, from the seed
     assert seconds <= 180, seconds
     # The reproduce command repeats the failure.
     command = shlex.split(result["reproduce"])[1:]
     assert main(command[:command.index("--seed")] + ["--quiet"]) == 1
 
 
-# heavy (.ci/run's first step; issue 41): 20 s or more in the suite (45 s on 2 cores).
+# heavy (.ci/run's first step): two searches (the covering's exact checks, then the random search).
 @pytest.mark.heavy
-def test_a_failing_stack_is_replayed_first_from_the_database(tmp_path):
-    generator = "fixtures.three_way:DFlashWrongUnderTypicalBiasSuppress"
-    first = fuzzing.fuzz(generator, database=str(tmp_path))
-    again = fuzzing.fuzz(generator, database=str(tmp_path))
-    assert again.stack == first.stack and again.records[0]["stack"] == first.stack
+@pytest.mark.parametrize("database", [True, False], ids=["database", "seed_alone"])
+def test_a_failing_random_stack_is_found_again_from_the_seed_and_replayed_first_from_the_database(database,
+                                                                                                  tmp_path):
+    """A bug only the random search can find (under ``top_k <= 2``; the covering stacks ``top_k=5``): the same
+    seed finds the same minimal stack again, and with the example database the search's first stack is it."""
+    generator = "fixtures.mutants.strong_top_k:SharpQUnderStrongTopK"
+    where = str(tmp_path) if database else None
+    first = fuzzing.fuzz(generator, seed=FOUND_BY_SEARCH, database=where)
+    assert first.verdict == "not_lossless" and parse_warpers(first.stack) == {"top_k": 2}, first.summary()
+    assert first.records[-1]["phase"] == fuzzing.SEARCH
+    again = fuzzing.fuzz(generator, seed=FOUND_BY_SEARCH, database=where)
+    assert again.stack == first.stack
+    searched = [r["stack"] for r in again.records if r["phase"] == fuzzing.SEARCH]
+    if database:
+        assert searched[0] == first.stack
+    else:
+        assert again.digest == first.digest
+
+
+#: A seed whose random search meets ``top_k <= 2`` in its exact pass (seeds 2, 6 and 11 of 0-11 do at the
+#: default budget; a seed is a search: tests/test_fuzz_seed.py).
+FOUND_BY_SEARCH = 2
 
 
 def test_spending_sums_below_alpha():
@@ -54,61 +73,46 @@ def test_spending_sums_below_alpha():
     assert sum(fuzzing.alpha_of_test(alpha, k) for k in range(1, tests + 1)) <= alpha
 
 
-# heavy (.ci/run's first step): a 60-example search with shrinking, statistics only (346 s in the suite before
-# issue 39's two stages; 1,421 s measured under heavy load since).
+# heavy (.ci/run's first step): the covering's statistical tests up to the trigger's stack, then shrinking.
 @pytest.mark.slow
 @pytest.mark.heavy
-def test_statistical_search_and_its_shrinking_spend_the_split_alpha():
-    """With the exact check off, the bug is found by statistics and shrunk by statistics: every
-    statistical test made, shrinking's included, ran at alpha_k, and together they spend <= alpha.
+def test_statistical_search_and_its_shrinking_spend_the_split_alpha(monkeypatch):
+    """With the exact check off, the bug is found by statistics and shrunk by statistics: each covering stack
+    tested at its even share of half the alpha, every other test (shrinking's) at the spending sequence's
+    next alpha, together at most alpha; the minimal stack is the trigger's three options.
 
-    Each convicting test is two stages (issue 39): the batched rows reject, then the case runs again at
-    batch 1 with the whole alpha_k and the full 5,000 planned trials. Measured: the first triggering stack
-    with evidence at position 1 is the 41st test (alpha_k 3.6e-10); at that alpha both stages rejected
-    in 6 of 6 seeds, the batch-1 stage after 997-1,843 trials. The 10 earlier triggering stacks pass in
-    the batched stage (their warpers leave the doubled q little to move); none was lost at the batch-1
-    confirmation.
-
-    The search runs in a fresh interpreter, as ``lossless-check fuzz`` does: inside the full suite, after
-    other tests in the same xdist worker, the same seeded search once tested 49 stacks without a conviction
-    (170 s), while alone it convicts (501 s): state an earlier test leaves in the process changes which
-    stacks the search draws. Which state is not known yet (open, issue 39's note)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
+    In this process (the suite's hypothesis profile, every module it imported): the search is a function of
+    its arguments alone (tests/test_fuzz_seed.py), so no fresh interpreter is needed."""
     alpha = 1e-6
-    script = f"""
-import json
-from lossless_check.faces import fuzzing
 
-def no_exact(self, stack):
-    record = self.record(stack)
-    record.setdefault("exact", "not_applicable")
-    return record
+    def no_exact(self, stack, phase=fuzz_search.SEARCH):
+        record = self.record(stack, phase)
+        record.setdefault("exact", "not_applicable")
+        return record
 
-fuzzing._Examiner.exact = no_exact
-result = fuzzing.fuzz("fixtures.three_way:DFlashWrongUnderNgramRepetitionTopP", alpha={alpha!r}, database=None)
-stats = [r for r in result.records if r.get("alpha") is not None]
-print(json.dumps({{"verdict": result.verdict, "reproduce": result.reproduce, "summary": result.summary(),
-                  "alphas": [r["alpha"] for r in stats], "verdicts": [r["verdict"] for r in stats],
-                  "alpha_spent": result.alpha_spent}}))
-"""
-    root = Path(__file__).resolve().parent.parent
-    done = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=3000)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["verdict"] == "not_lossless" and "--mode step" in result["reproduce"], result["summary"]
-    alphas, verdicts = result["alphas"], result["verdicts"]
-    first = verdicts.index("not_lossless")
-    assert len(alphas) > first + 1  # shrinking made statistical tests of its own
-    assert alphas == [fuzzing.alpha_of_test(alpha, k) for k in range(1, len(alphas) + 1)]
-    assert result["alpha_spent"] <= alpha
+    monkeypatch.setattr(fuzz_search.Examiner, "exact", no_exact)
+    result = fuzzing.fuzz("fixtures.three_way:DFlashWrongUnderNgramRepetitionTopP", alpha=alpha, database=None)
+    assert result.verdict == "not_lossless" and "--mode step" in result.reproduce, result.summary()
+    assert set(parse_warpers(result.stack)) == set(three_way.DFlashWrongUnderNgramRepetitionTopP.TRIGGER)
+    tested = [r for r in result.records if r.get("alpha") is not None]
+    covering = fuzz_search.covering_of(SCENARIOS[result.scenario])
+    share = fuzzing.alpha_of_covering(alpha, len(covering.stacks))
+    specs = {format_warpers(stack) for stack in covering.stacks}
+    in_covering = [r for r in tested if r["stack"] in specs]
+    others = [r for r in tested if r["stack"] not in specs]
+    assert in_covering and all(r["alpha"] == share for r in in_covering)
+    assert others  # shrinking made statistical tests of its own
+    assert [r["alpha"] for r in others] == [fuzzing.alpha_of_test(alpha, k) for k in range(1, len(others) + 1)]
+    assert result.alpha_spent <= alpha
 
 
+# heavy (.ci/run's first step): the 50 covering stacks and 4 random ones, each checked at 5,000 trials.
+@pytest.mark.heavy
 def test_builtin_generator_passes_and_states_its_power():
     result = fuzzing.fuzz("DFlashTokenCandidateGenerator", examples=4, database=None)
     assert result.verdict == "lossless" and result.exit_code == 0, result.summary()
+    assert result.triples["covered"] == result.triples["total"] == 455, result.triples
+    assert "455 of 455 option triples" in result.summary()
     stats = [r for r in result.records if r.get("verdict")]
     # A stack can turn out vacuous in its trials (no draft ever accepted): it states no power.
     informative = [r for r in stats if r["verdict"] == "lossless"]
@@ -163,5 +167,5 @@ def test_a_generator_that_raises_is_an_error_not_a_losslessness_verdict_and_fuzz
 def test_failure_floats_are_formatted():
     record = {"verdict": "not_lossless", "alpha": 6.079271018540267e-07, "p_value": 1.395231097369173e-07,
               "tv_detectable": 0.09383127345, "reason": "output law at position 1"}
-    verdict, why = fuzzing._statistical_failure(record)
+    verdict, why = fuzz_search.statistical_failure(record)
     assert verdict == "not_lossless" and "p=1.4e-07" in why and "detectable TV 0.0938" in why and "1.395231" not in why

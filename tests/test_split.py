@@ -79,7 +79,9 @@ def test_split_cases_give_the_unsplit_runs_json(monkeypatch):
     split.clear()
     [result] = run_cases(fast, 1500, 1e-6, 0, workers=2).cases
     assert split == [0] and ran_whole == [0]  # its chunks came from other processes' vocabulary orders
-    assert result.verdict in ("lossless", "not_lossless") and result.generator_facts["vocabulary_order"]
+    # Which verdict depends on the vocabulary orders its processes drew (the finding): asserted is where the
+    # chunks came from, and that the case ran to a verdict with that fact recorded.
+    assert result.verdict not in ("error", "skipped") and result.generator_facts["vocabulary_order"], result.reason
 
 
 def test_a_chunks_trials_do_not_depend_on_the_chunks_collected_before():

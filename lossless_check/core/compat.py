@@ -20,8 +20,7 @@ def speculative_sampling():
     round accept: all of them here (a step round never meets ``max_length``). ``extra`` keywords go
     through unchanged (e.g. ``assistant_ensemble_weight`` where :func:`verifier_parameters` has it).
     """
-    from transformers.generation.utils import _speculative_sampling
-
+    _speculative_sampling = installed_verifier()
     parameters = inspect.signature(_speculative_sampling).parameters
     done_name = next((n for n in ("is_done_candidate", "last_assistant_token_is_eos") if n in parameters), None)
 
@@ -32,6 +31,15 @@ def speculative_sampling():
         return _speculative_sampling(candidate_ids, candidate_logits, gamma, new_logits, **kwargs, **extra)
 
     return call
+
+
+@lru_cache(maxsize=None)
+def installed_verifier():
+    """The installed ``transformers.generation.utils._speculative_sampling`` (as first imported: the
+    function :func:`speculative_sampling` calls)."""
+    from transformers.generation.utils import _speculative_sampling
+
+    return _speculative_sampling
 
 
 def vocab_translator(target_tokenizer, assistant_tokenizer, vocab_size: int, assistant_model):

@@ -43,6 +43,7 @@ class Case:
     the number of tokens each ``generate()`` call emits in generate mode (unused elsewhere); ``sampler``
     (a :class:`~lossless_check.subjects.sampler.Sampler`) runs in place of the installed
     ``_speculative_sampling`` (``run --sampler``; ``None``: the installed one).
+    ``torch_draws``: step mode draws every token with torch's kernel (:mod:`~lossless_check.modes.interception`).
     """
 
     generator: Any
@@ -51,6 +52,7 @@ class Case:
     scenario: Scenario = DEFAULT
     max_new_tokens: int = 4
     sampler: Any = None
+    torch_draws: bool = False
 
     @property
     def warper_spec(self) -> str:
@@ -61,7 +63,8 @@ class Case:
         """Identity of the case in seeds and caches: a function of what it checks, nothing else."""
         key = f"{self.generator.spec}|{self.warper_spec}|{self.mode}|{self.scenario.name}"
         key += f"|K={self.max_new_tokens}" if self.mode == "generate" else ""
-        return key + (f"|sampler={self.sampler.spec}" if self.sampler is not None else "")
+        return (key + (f"|sampler={self.sampler.spec}" if self.sampler is not None else "")
+                + ("|torch-draws" if self.torch_draws else ""))
 
     def result(self, **fields) -> "CaseResult":
         """An empty result row for this case."""
@@ -131,6 +134,9 @@ class CaseResult:
     sampler: str | None = None
     # The run's bar (decide()): a statistical case reads lossless only if it states power at or below it.
     max_detectable_tv: float | None = None
+    # Step mode: draws made by inverse CDF, not torch.multinomial, in the trials the verdict rests on ({"verifier":
+    # .., "batched_drafts": ..}: modes/interception.py; 0 with torch_draws). None: a mode that substitutes none.
+    substituted_draws: dict | None = None
 
     @property
     def detectable(self) -> tuple[int, float] | None:
@@ -252,8 +258,11 @@ class CaseResult:
         needed = math.ceil(self.samples * (tv / bar) ** 2) if self.samples else None
         more = f"; about {needed} trials would" if needed else ""
         seen = f" (TV {self.tv:.4f})" if self.tv is not None else ""
+        at = next((p for p in self.positions if p.get("position") == position), {})
+        # Above 4096 tokens the laws are tested on cells: the figure is a TV between cell laws.
+        cells = f" on {at['tested_on']}" if at.get("tested_on", "tokens") != "tokens" else ""
         return (f"inconclusive: no rejection in {self.samples} trials{seen}, but it detects only "
-                f"TV >= {tv:.4f} at position {position} with power {POWER}, above the stated {bar:g}{more}")
+                f"TV >= {tv:.4f}{cells} at position {position} with power {POWER}, above the stated {bar:g}{more}")
 
     def to_dict(self) -> dict:
         out = dict(self.__dict__)

@@ -23,7 +23,7 @@ from lossless_check.modes.informativeness import attach_plan, evidence_plan
 from lossless_check.running.chunks import CHUNK_TIMEOUT
 from lossless_check.running.engine import make_engine
 
-#: Trials per case: position 1 then detects a TV of about 0.07 (vocabulary 8, family alpha 1e-6).
+#: Trials per case: position 1 then detects a TV of about 0.07 at batch 1, 0.097 in a batched case (markov8, alpha 1e-6).
 DEFAULT_SAMPLES = 5_000
 DEFAULT_ALPHA = 1e-6
 #: The scenario of the CLI, the plugin and the API alike.
@@ -257,7 +257,7 @@ def _stacks(warpers) -> list[dict[str, Any]]:
 
 def cases_for(generators: Iterable[str] | str | None = None, warpers=None, matrix: str | None = None,
               mode: str = "step", scenario: str | None = None, max_new_tokens: int = 4,
-              sampler=None) -> list[Case]:
+              sampler=None, torch_draws: bool = False) -> list[Case]:
     """The cases of a run: every generator x warper stack (``--warpers`` stacks, then the matrix's).
 
     ``scenario=None``: the stacks run on :data:`DEFAULT_SCENARIO`, and a ``default`` or ``full``
@@ -267,8 +267,9 @@ def cases_for(generators: Iterable[str] | str | None = None, warpers=None, matri
     (``generators=None``: the main job) adds them. ``sampler`` (``module:function``, a function or a
     :class:`~lossless_check.subjects.sampler.Sampler`) runs in place of the installed ``_speculative_sampling``
     in the cases that call it (step, generate; greedy and provenance cases never do).
+    ``torch_draws``: every case draws with torch's own kernel (:func:`with_torch_draws`).
     """
-    cases = _cases(generators, warpers, matrix, mode, scenario, max_new_tokens)
+    cases = with_torch_draws(_cases(generators, warpers, matrix, mode, scenario, max_new_tokens), torch_draws)
     if sampler is None:
         return cases
     from lossless_check.subjects.sampler import load_sampler
@@ -308,6 +309,13 @@ def _cases(generators, warpers, matrix, mode, scenario, max_new_tokens) -> list[
     return cases
 
 
+def with_torch_draws(cases: list[Case], torch_draws: bool = True) -> list[Case]:
+    """``cases`` drawing every token with torch's own kernel where ``torch_draws`` (``--torch-draws``): in
+    step mode, at V >= 1,024, no draw of the installed verifier or of a batched call by inverse CDF
+    (:class:`~lossless_check.modes.interception.VerifierDraws`); the other modes draw so anyway."""
+    return [replace(c, torch_draws=True) for c in cases] if torch_draws else cases
+
+
 def greedy_cases(generators: list, stacks: list[dict[str, Any]], scenario: str | None = None) -> list[Case]:
     """Greedy mode's rows (:mod:`~lossless_check.modes.greedy`): one per resolved generator and base stack
     (none given: one per generator, the greedy processors alone and in pairs on top of no warper).
@@ -343,7 +351,7 @@ def run(generators: Iterable[str] | str | None = None, warpers=None, matrix: str
         workers: int = 1, sequential: bool = True, max_new_tokens: int = 4,
         progress: Callable[[int], None] | None = None, verifier: bool = True,
         verifier_gates: bool | None = None, sampler=None,
-        max_detectable_tv: float = DEFAULT_MAX_DETECTABLE_TV) -> RunResult:
+        max_detectable_tv: float = DEFAULT_MAX_DETECTABLE_TV, torch_draws: bool = False) -> RunResult:
     """Check every generator under every warper stack; verdicts control the family-wise rate ``alpha``.
 
     ``generators``: names or ``module:attr`` specs (default: every built-in); ``warpers``: a spec
@@ -363,8 +371,10 @@ def run(generators: Iterable[str] | str | None = None, warpers=None, matrix: str
     is ``inconclusive``; a subject with no checked case, or an inconclusive one, gives ``exit_code`` 5.
     ``sampler`` (``module:function``): runs in place of the installed ``_speculative_sampling`` in every
     step and generate case, and the last row is its own check (:func:`check_sampler`).
+    ``torch_draws``: every draw by torch's own kernel, none by the harness's inverse CDF (:func:`with_torch_draws`).
     """
-    cases = cases_for(generators, warpers, matrix, mode, scenario, max_new_tokens, sampler)
+    cases = cases_for(generators, warpers, matrix, mode, scenario, max_new_tokens, sampler,
+                      torch_draws)
     gates = generators is None if verifier_gates is None else verifier_gates
     return run_cases(cases, samples, alpha, seed, workers, progress, sequential, verifier=verifier,
                      verifier_gates=gates, max_detectable_tv=max_detectable_tv)
@@ -377,7 +387,8 @@ def sampler_of(cases: list[Case]):
 
 def check(generator: str, warpers=None, mode: str = "step", scenario: str = DEFAULT_SCENARIO,
           samples: int = DEFAULT_SAMPLES, alpha: float = DEFAULT_ALPHA, seed: int = 0, sequential: bool = True,
-          max_new_tokens: int = 4, max_detectable_tv: float = DEFAULT_MAX_DETECTABLE_TV) -> CaseResult:
+          max_new_tokens: int = 4, max_detectable_tv: float = DEFAULT_MAX_DETECTABLE_TV,
+          torch_draws: bool = False) -> CaseResult:
     """Check one generator under one warper stack (plain sampling when ``warpers`` is ``None``).
 
     Returns a :class:`~lossless_check.evidence.results.CaseResult`: ``verdict`` (``lossless``,
@@ -386,10 +397,13 @@ def check(generator: str, warpers=None, mode: str = "step", scenario: str = DEFA
     ran), ``error`` or ``skipped``), ``p_value``, ``tv``, ``tv_detectable`` (the smallest
     TV at position 1 detected with probability 0.99) and ``explain()``. The chance that a lossless
     generator is reported ``not_lossless`` is at most ``alpha``. Only ``lossless`` is a pass.
+    ``torch_draws``: every draw by torch's own kernel (:func:`with_torch_draws`); ``substituted_draws`` counts
+    the draws made otherwise.
     """
     if mode == "all":
         raise UsageError("check() takes one mode: step, generate, provenance or greedy")
-    cases = cases_for([generator], warpers if warpers is not None else "none", None, mode, scenario, max_new_tokens)
+    cases = cases_for([generator], warpers if warpers is not None else "none", None, mode, scenario, max_new_tokens,
+                      torch_draws=torch_draws)
     return run_cases(cases[:1], samples, alpha, seed, sequential=sequential,
                      max_detectable_tv=max_detectable_tv).cases[0]
 

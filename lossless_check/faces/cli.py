@@ -26,7 +26,7 @@ from lossless_check.faces.gate_command import max_detectable
 from lossless_check.faces.on_release import add_release_option
 from lossless_check.running.ray_backend import check_backend
 
-#: Trials per case: position 1 then detects a TV of about 0.07 (vocabulary 8, family alpha 1e-6).
+#: Trials per case: position 1 then detects a TV of about 0.07 at batch 1, 0.097 in a batched case (markov8, alpha 1e-6).
 DEFAULT_SAMPLES = 5_000
 DEFAULT_SCENARIO = "markov8"
 SCENARIO_NAMES = ("markov8", "iid8", "iid32-fast-tokenizers", "iid32-id-ordered-vocab", "bpe-fast-tokenizers",
@@ -65,6 +65,8 @@ def _common(parser: argparse.ArgumentParser, samples_help: str) -> None:
                         help="rows per real get_candidates call in step mode's batched arm; 1 runs every trial "
                              "at batch 1 (default 512)")
     parser.add_argument("--quiet", action="store_true", help="no progress")
+    parser.add_argument("--torch-draws", action="store_true", help="every draw by torch's kernel: none by inverse CDF "
+                        "(the verifier's draw at V >= 1,024, batched drafts; the same law; JSON substituted_draws)")
     parser.add_argument("--backend", choices=("local", "ray"), default="local",
                         help="where cases run: the local process pool (default), or Ray (pip install -e '.[ray]')")
     parser.add_argument("--address", default=None, metavar="HOST:PORT",
@@ -211,7 +213,7 @@ def _cases(args):
     from lossless_check.faces.sampler_command import loaded_sampler
 
     return cases_for(args.generator, args.warpers, args.matrix, args.mode, args.scenario, args.max_new_tokens,
-                     loaded_sampler(args))
+                     loaded_sampler(args), args.torch_draws)
 
 
 def _run(args) -> int:

@@ -9,18 +9,22 @@ def add_fuzz_command(sub, default_scenario: str) -> None:
     """The ``fuzz`` subcommand of the CLI."""
     from lossless_check.faces.fuzzing import DEFAULT_ALPHA, DEFAULT_DATABASE, DEFAULT_EXAMPLES, DEFAULT_SAMPLES
 
-    fuzz = sub.add_parser("fuzz", help="property-based search (hypothesis) for a warper stack a generator is not "
-                                       "lossless under; prints the minimal one and its reproduce command")
+    fuzz = sub.add_parser("fuzz", help="search for a warper stack a generator is not lossless under: a covering of "
+                                       "every triple of warper options, then random stacks (hypothesis); prints the "
+                                       "minimal one and its reproduce command")
     fuzz.add_argument("--generator", required=True, metavar="NAME|module:attr")
     fuzz.add_argument("--examples", type=positive_int, default=DEFAULT_EXAMPLES,
-                      help=f"non-vacuous stacks per pass (exact, then statistical; default {DEFAULT_EXAMPLES})")
+                      help="hypothesis examples of the random search in each pass (exact, then statistical), after "
+                           f"the covering's stacks; vacuous ones do not count (default {DEFAULT_EXAMPLES})")
     fuzz.add_argument("--samples", type=positive_int, default=DEFAULT_SAMPLES,
                       help=f"trials per statistical example (default {DEFAULT_SAMPLES})")
     fuzz.add_argument("--scenario", default=default_scenario,
                       help=f"a fixed-logits scenario (default {default_scenario})")
     fuzz.add_argument("--alpha", type=probability, default=DEFAULT_ALPHA,
                       help="false-failure rate of the whole search, shrinking included (default 1e-6)")
-    fuzz.add_argument("--seed", type=int, default=0, help="seed of hypothesis and of every example (default 0)")
+    fuzz.add_argument("--seed", type=int, default=0,
+                      help="seed of the search and of every check: the same seed checks the same stacks in the same "
+                           "order, whatever else is imported (default 0)")
     fuzz.add_argument("--database", default=DEFAULT_DATABASE, metavar="DIR",
                       help="hypothesis example database: failing stacks are replayed first "
                            f"(default {DEFAULT_DATABASE})")

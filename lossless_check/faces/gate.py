@@ -45,7 +45,8 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
          progress: Callable[[int], None] | None = None, sequential: bool = True, batch_size: int | None = None,
          return_result: bool = False, generate_samples: int = 400, repro_dir: str | Path | None = None,
          resume: bool = False, backend: str = "local", address: str | None = None, verifier: bool = True,
-         verifier_gates: bool = False, max_detectable_tv: float = DEFAULT_MAX_DETECTABLE_TV, coverage: bool = False):
+         verifier_gates: bool = False, max_detectable_tv: float = DEFAULT_MAX_DETECTABLE_TV, coverage: bool = False,
+         torch_draws: bool = False):
     """Run ``generator_spec`` over a warper matrix, write the three reports into ``out_dir``, return the exit code.
 
     ``scenario=None``: the default scenario, plus the matrix's real-world cases in the first mode
@@ -71,10 +72,12 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
     ``coverage``: measure which of the subject's code the gate executed, in every process
     (:mod:`lossless_check.faces.coverage_option`), write ``coverage.json``, ``coverage.md`` and ``coverage.html``
     beside the reports, and put its headline under theirs.
+    ``torch_draws``: every draw by torch's own kernel (:func:`~lossless_check.faces.api.with_torch_draws`).
     """
     from lossless_check.subjects.adapters import resolve_generator
     from lossless_check.faces.api import (
         DEFAULT_SCENARIO, RunInterrupted, greedy_cases, real_world_cases, resolve_scenario, run_cases,
+        with_torch_draws,
     )
     from lossless_check.running.journal import Journal, run_identity
     from lossless_check.laws.matrix import matrix
@@ -100,6 +103,7 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
             from lossless_check.modes.seq2seq import seq2seq_cases
 
             cases += seq2seq_cases([generator], modes, OPTIONS_STACK)
+        cases = with_torch_draws(cases, torch_draws)
         if hasattr(progress, "set_total"):
             progress.set_total(len(cases))
         by_mode = {"generate": min(samples, generate_samples)}

@@ -33,7 +33,7 @@ def gate_command(args) -> int:
                                 return_result=True, generate_samples=args.generate_samples, repro_dir=args.repro,
                                 resume=args.resume, backend=args.backend, address=args.address,
                                 verifier=not args.no_verifier, verifier_gates=args.verifier_gates,
-                                coverage=args.coverage, **max_detectable(args))
+                                coverage=args.coverage, torch_draws=args.torch_draws, **max_detectable(args))
     except RunInterrupted as stopped:
         return interrupted(stopped.partial, str(Path(args.out) / "report.json"), args.table)
     from lossless_check.outputs.report import print_table

@@ -309,10 +309,12 @@ class Lossless:
 
     def fuzz(self, generator: str | type, examples: int | None = None, samples: int | None = None,
              scenario: str | None = None, database: str | None = None):
-        """Fuzz ``generator`` over random warper stacks (:func:`lossless_check.faces.fuzzing.fuzz`) as one check of
-        this test: the whole search, shrinking included, spends this check's share of the session's alpha.
+        """Fuzz ``generator`` over warper stacks (:func:`lossless_check.faces.fuzzing.fuzz`: the covering of every
+        option triple, then random stacks) as one check of this test: the whole search, shrinking included,
+        spends this check's share of the session's alpha.
 
-        ``examples`` (stacks per pass) defaults to :data:`lossless_check.faces.fuzzing.DEFAULT_EXAMPLES`;
+        ``examples`` (hypothesis examples of the random search per pass, after the covering's stacks) defaults
+        to :data:`lossless_check.faces.fuzzing.DEFAULT_EXAMPLES`;
         ``samples`` (trials per statistical example) to the marker's, else ``--lossless-samples``;
         ``scenario`` to the marker's, else ``markov8``; ``database`` (hypothesis's example database
         directory) to ``.lossless-fuzz``. Returns a :class:`~lossless_check.faces.fuzzing.FuzzResult`, recorded

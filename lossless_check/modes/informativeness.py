@@ -157,6 +157,35 @@ def reference_informative_positions(scenario, warpers: dict) -> list[int]:
 
 
 
+def q_informative_positions(scenario, warpers: dict) -> list[int]:
+    """The draft positions ``j <= gamma`` at which a prefix a step round reaches (through drafts the
+    processed target and drafter both allow: accepted drafts) has a processed target law *and* a processed
+    drafter law of two or more tokens each.
+
+    Stronger than :func:`reference_informative_positions`: where the drafter's law is a point mass, a q of
+    the wrong shape built from it (sharpened, flattened, its logits scaled) is the same point mass, and where
+    the target's is, no q changes what is emitted. A stack with such a position lets a wrong q show for any
+    of those shapes (what the fuzzer's covering of option triples asks of its stacks). Raises
+    :class:`~lossless_check.core.errors.PlainSamplingFails` where plain sampling fails under the stack.
+    """
+    laws = _step_laws(scenario, warpers)
+    found: set[int] = set()
+    stack: list[tuple[int, ...]] = [()]
+    visited = 0
+    while stack and len(found) < scenario.gamma:
+        prefix = stack.pop()
+        visited += 1
+        if visited > MAX_VISITED:  # unknown is informative (as informative_positions counts it)
+            return list(range(1, scenario.gamma + 1))
+        target, drafter = laws.target(prefix), laws.drafter(prefix)
+        both = np.flatnonzero((target > 0) & (drafter > 0))
+        if np.count_nonzero(target) > 1 and np.count_nonzero(drafter) > 1:
+            found.add(len(prefix) + 1)
+        if len(prefix) + 1 < scenario.gamma:
+            stack.extend(prefix + (int(t),) for t in both[::-1])
+    return sorted(found)
+
+
 def evidence_plan(cases) -> list[list[int] | None]:
     """:func:`case_informative_positions` of every case (``None`` for a case not run for a law test)."""
     return [case_informative_positions(c) for c in cases]

@@ -8,8 +8,11 @@ provenance check (:mod:`lossless_check.modes.provenance`) matches them to draft 
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+import re
+import sys
 from dataclasses import dataclass
+from functools import lru_cache
+from types import CodeType
 
 import torch
 
@@ -134,55 +137,129 @@ class Interception:
             self.draws.append(Draw(NOISE))
 
 
-#: The vocabulary from which one row's draw is also made by inverse CDF (:func:`inverse_cdf_multinomial`):
+#: The vocabulary from which the installed verifier's draw is made by inverse CDF (:class:`VerifierDraws`):
 #: measured on one CPU core, torch's kernel and the inverse CDF cost the same at V = 8, and torch's
 #: twice as much at 1,024, 13 times at 32,000.
 ONE_ROW_FROM_VOCAB = 1024
+#: The weight dtypes the inverse CDF stands in for torch's kernel on. For float32 and float64 rows both
+#: draw token ``i`` with probability ``w_i / sum(w)`` up to float64 round-off (``tests/test_verifier_draws.py``
+#: measures it on the installed verifier's residual and bonus draws). Not for half precision: torch's own
+#: kernel on a bfloat16 row is biased (0.50122 for a token of weight 0.5, z = 3.5), and that bias is
+#: part of what a run on such rows must see, so those rows keep torch's kernel.
+EXACT_DTYPES = (torch.float32, torch.float64)
 
 
-def inverse_cdf_multinomial(original, one_row: bool = False):
-    """``torch.multinomial`` (or ``Tensor.multinomial``) drawing one token a row of a 2-D weight matrix
-    by inverse CDF in float64: ``searchsorted(cumsum(w), u * sum(w), right=True)``, ``u`` uniform in [0, 1).
+@dataclass
+class DrawTally:
+    """How many tokens a substitution drew by inverse CDF instead of ``torch.multinomial``."""
 
-    Token ``i`` comes out with probability ``w_i / sum(w)`` up to float64 round-off (a zero weight is an
-    empty interval, never drawn), which is the law ``torch.multinomial`` samples; on CPU at V = 49,152 it
-    costs about a tenth of torch's kernel, which draws an exponential per token. Anything else goes to
-    ``original``, which draws (or raises) as it would: several tokens, one row (unless ``one_row`` and
-    the row holds :data:`ONE_ROW_FROM_VOCAB` weights or more), a private ``generator``, ``out=``, a
+    substituted: int = 0
+    _taken: int = 0
+
+    def take(self) -> int:
+        """The tokens substituted since the last ``take()``."""
+        new, self._taken = self.substituted - self._taken, self.substituted
+        return new
+
+
+def inverse_cdf_tokens(weights: torch.Tensor) -> torch.Tensor:
+    """One token per row of a 2-D matrix of finite, non-negative weights with positive row sums, by
+    inverse CDF in float64: ``searchsorted(cumsum(w), u * sum(w), right=True)``, ``u`` uniform in [0, 1)
+    from torch's global stream. Token ``i`` comes out with probability ``w_i / sum(w)`` up to float64
+    round-off (a zero weight is an empty interval, never drawn)."""
+    cdf = weights.detach().to(torch.float64).cumsum(-1)
+    total = cdf[:, -1:]
+    # u <= 1 - 2^-53, so u * sum(w) rounds below sum(w): the index is a token's, never V.
+    return torch.searchsorted(cdf, torch.rand(total.shape, dtype=torch.float64) * total, right=True)
+
+
+def _substitutable(args, kwargs, min_rows: int) -> bool:
+    """Whether a ``multinomial`` call is one token a row of at least ``min_rows`` rows of float32/float64
+    CPU weights, valid (finite, non-negative, each row summing above zero), with nothing else asked."""
+    weights = call_argument(args, kwargs, 0, "input")
+    if (len(args) + len(kwargs) > 3 or set(kwargs) - {"input", "num_samples", "replacement"}
+            or call_argument(args, kwargs, 1, "num_samples") != 1 or not isinstance(weights, torch.Tensor)
+            or weights.dim() != 2 or weights.shape[1] < 1 or weights.dtype not in EXACT_DTYPES
+            or weights.shape[0] < min_rows or weights.device.type != "cpu" or not float(weights.amin()) >= 0):
+        return False  # NaN: not >= 0
+    totals = weights.detach().to(torch.float64).sum(-1)  # NaN or inf in a row makes its sum so
+    return bool((torch.isfinite(totals) & (totals > 0)).all())
+
+
+def inverse_cdf_multinomial(original, tally: DrawTally | None = None):
+    """``torch.multinomial`` (or ``Tensor.multinomial``) drawing one token a row of a 2-D matrix of at
+    least two rows of float32/float64 weights by :func:`inverse_cdf_tokens` (the law ``torch.multinomial``
+    samples; on CPU at V = 49,152 about a tenth of its kernel's cost, which draws an exponential per
+    token), each such token counted in ``tally``. Anything else goes to ``original``, which draws (or
+    raises) as it would: several tokens, one row, another dtype, a private ``generator``, ``out=``, a
     weight that is negative, NaN or infinite, a row that sums to zero.
     """
     def sample(*args, **kwargs):
+        if not _substitutable(args, kwargs, min_rows=2):
+            return original(*args, **kwargs)
         weights = call_argument(args, kwargs, 0, "input")
-        if (len(args) + len(kwargs) > 3 or set(kwargs) - {"input", "num_samples", "replacement"}
-                or call_argument(args, kwargs, 1, "num_samples") != 1 or not isinstance(weights, torch.Tensor)
-                or weights.dim() != 2 or weights.shape[1] < 1 or not weights.is_floating_point()
-                or weights.shape[0] < (1 if one_row and weights.shape[1] >= ONE_ROW_FROM_VOCAB else 2)
-                or weights.device.type != "cpu" or not float(weights.amin()) >= 0):  # NaN: not >= 0
-            return original(*args, **kwargs)
-        cdf = weights.detach().to(torch.float64).cumsum(-1)
-        total = cdf[:, -1:]  # NaN or inf in a row ends its cumulative sum there
-        if not bool((torch.isfinite(total) & (total > 0)).all()):
-            return original(*args, **kwargs)
-        # u <= 1 - 2^-53, so u * sum(w) rounds below sum(w): the index is a token's, never V.
-        return torch.searchsorted(cdf, torch.rand(total.shape, dtype=torch.float64) * total, right=True)
+        if tally is not None:
+            tally.substituted += weights.shape[0]
+        return inverse_cdf_tokens(weights)
 
     return sample
 
 
-@contextmanager
-def one_row_draws_by_inverse_cdf(vocab_size: int):
-    """While active, at a vocabulary of :data:`ONE_ROW_FROM_VOCAB` or more (below it, nothing changes), a
-    ``torch.multinomial`` draw of one token from one row of that many weights is made by
-    :func:`inverse_cdf_multinomial` (the same law: 0.05 ms against torch's 0.65 ms at V = 32,000), and
-    every other call by torch. Step mode verifies its rows under it: the installed ``_speculative_sampling``
-    draws its residual or bonus token from one such row, by ``torch.multinomial``."""
-    if vocab_size < ONE_ROW_FROM_VOCAB:
-        yield
-        return
-    undo = [replace_attribute(owner, "multinomial", inverse_cdf_multinomial(owner.multinomial, one_row=True))
-            for owner in (torch, torch.Tensor)]
+@lru_cache(maxsize=None)
+def verifier_draw_site(code: CodeType) -> int | None:
+    """The line of ``code`` (the installed ``_speculative_sampling``'s) whose ``torch.multinomial`` call
+    draws the residual or bonus token: the one line of its source calling ``torch.multinomial(p_prime,
+    num_samples=1)``, as every release from 4.37 to 5.25 does; ``None`` if there is not exactly one (a
+    release that draws otherwise keeps torch's kernel)."""
+    import inspect
+
     try:
-        yield
-    finally:
-        for restore in reversed(undo):
-            restore()
+        lines, start = inspect.getsourcelines(code)
+    except (OSError, TypeError):
+        return None
+    sites = [start + i for i, line in enumerate(lines)
+             if re.search(r"\btorch\.multinomial\(\s*p_prime\s*,\s*num_samples\s*=\s*1\s*\)", line)]
+    return sites[0] if len(sites) == 1 else None
+
+
+class VerifierDraws:
+    """While active, the installed ``_speculative_sampling``'s residual or bonus draw (the one
+    ``torch.multinomial`` call of :func:`verifier_draw_site`, one token from one row) is made by
+    :func:`inverse_cdf_tokens` where the row holds :data:`ONE_ROW_FROM_VOCAB` or more float32/float64
+    weights (0.05 ms against torch's 0.65 ms at V = 32,000): the same law. Every other call, from
+    anywhere else (the generator's own draws included), of another dtype or a smaller vocabulary, and
+    every call at all with ``torch_draws``, is torch's own. :attr:`tally` counts the substituted draws.
+
+    The call site is recognised by the caller's frame: its code object must be the installed
+    verifier's (:func:`~lossless_check.core.compat.installed_verifier`) and its line the draw's."""
+
+    def __init__(self, vocab_size: int, torch_draws: bool = False):
+        self.active = vocab_size >= ONE_ROW_FROM_VOCAB and not torch_draws
+        self.tally = DrawTally()
+        self._undo = None
+
+    def __enter__(self) -> "VerifierDraws":
+        if not self.active:
+            return self
+        from lossless_check.core.compat import installed_verifier
+
+        code = installed_verifier().__code__
+        line = verifier_draw_site(code)
+        if line is None:
+            return self
+        original, tally = torch.multinomial, self.tally
+
+        def multinomial(*args, **kwargs):
+            caller = sys._getframe(1)
+            if caller.f_code is not code or caller.f_lineno != line or not _substitutable(args, kwargs, min_rows=1):
+                return original(*args, **kwargs)
+            tally.substituted += 1
+            return inverse_cdf_tokens(call_argument(args, kwargs, 0, "input"))
+
+        self._undo = replace_attribute(torch, "multinomial", multinomial)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._undo is not None:
+            self._undo()
+            self._undo = None

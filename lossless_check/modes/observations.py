@@ -13,7 +13,9 @@ class Observations:
     """What step-mode trials emitted. ``emitted[t, j]`` is -1 past the end of trial ``t``;
     ``drafts[t]`` is its draft length (a drafter may stop early, at EOS); ``impossible[t]`` counts
     its drafts that their returned q gives probability 0; ``replayed[t]`` says whether trial ``t``, a
-    row of a batched call, was replayed at batch 1 (:mod:`.replay`)."""
+    row of a batched call, was replayed at batch 1 (:mod:`.replay`). ``verifier_substituted[t]``: the
+    verifier's draw of trial ``t`` was made by inverse CDF; ``drafts_substituted[t]``: its row's share
+    (the call's count over its rows) of the draft tokens its batched call drew so (:mod:`.interception`)."""
 
     emitted: np.ndarray
     n_matches: np.ndarray
@@ -21,6 +23,21 @@ class Observations:
     impossible: np.ndarray
     replayed: np.ndarray
     seconds: float
+    verifier_substituted: np.ndarray | None = None
+    drafts_substituted: np.ndarray | None = None
+
+    def __post_init__(self):
+        # A chunk kept by a release of the harness before these fields has none: nothing counted.
+        trials = len(self.n_matches)
+        if self.verifier_substituted is None:
+            self.verifier_substituted = np.zeros(trials, dtype=bool)
+        if self.drafts_substituted is None:
+            self.drafts_substituted = np.zeros(trials)
+
+    @property
+    def substituted_draws(self) -> dict[str, int]:
+        """The draws made by inverse CDF (``CaseResult.substituted_draws``)."""
+        return {"verifier": int(self.verifier_substituted.sum()), "batched_drafts": round(float(self.drafts_substituted.sum()))}
 
     @property
     def gamma(self) -> int:
@@ -41,12 +58,22 @@ class Observations:
             np.concatenate([p.impossible for p in parts]),
             np.concatenate([p.replayed for p in parts]),
             sum(p.seconds for p in parts),
+            np.concatenate([_kept(p, "verifier_substituted", bool) for p in parts]),
+            np.concatenate([_kept(p, "drafts_substituted", np.float64) for p in parts]),
         )
 
     def head(self, trials: int) -> "Observations":
         """The first ``trials`` trials (the seconds scaled to them)."""
         return Observations(self.emitted[:trials], self.n_matches[:trials], self.drafts[:trials],
-                            self.impossible[:trials], self.replayed[:trials], self.seconds * trials / len(self.n_matches))
+                            self.impossible[:trials], self.replayed[:trials], self.seconds * trials / len(self.n_matches),
+                            self.verifier_substituted[:trials], self.drafts_substituted[:trials])
+
+
+def _kept(observations: Observations, name: str, dtype) -> np.ndarray:
+    """Per-trial counts of ``observations``, zeros for a chunk pickled before the field existed (unpickling
+    restores the instance's own attributes and skips ``__post_init__``)."""
+    value = observations.__dict__.get(name)
+    return np.zeros(len(observations.n_matches), dtype=dtype) if value is None else value
 
 
 def widen(emitted: np.ndarray, width: int) -> np.ndarray:

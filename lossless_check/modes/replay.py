@@ -20,11 +20,12 @@ over the vocabulary: Gumbel-max sampling, an exponential race) is forced the sam
 ``i``-th, of shape ``(rows, ...)`` (each element an independent draw, so a row's slice is distributed
 as the fresh noise of a batch-1 call, as a forced token is a draw from the row's law).
 
-A batched call's own one-token-a-row draws are made by inverse CDF in float64
-(:func:`~lossless_check.modes.interception.inverse_cdf_multinomial`): the law ``torch.multinomial``
-samples, at about a tenth of its CPU cost at V = 49,152, and all a forced replay needs of the row's
-draws is that each is a draw from its row's law. Replays and every batch-1 drafting call draw with
-torch's own (the verifier's one draw a row, at a large vocabulary, is by inverse CDF too: :mod:`.step`).
+A batched call's own one-token-a-row draws from float32/float64 weights are made by inverse CDF in
+float64 (:func:`~lossless_check.modes.interception.inverse_cdf_multinomial`; none with ``--torch-draws``):
+the law ``torch.multinomial`` samples, at about a tenth of its CPU cost at V = 49,152, and all a forced
+replay needs of the row's draws is that each is a draw from its row's law. Replays and every batch-1
+drafting call draw with torch's own (the installed verifier's draw, at a large vocabulary, is by inverse
+CDF too: :class:`~lossless_check.modes.interception.VerifierDraws`).
 
 A difference anywhere raises :class:`BatchMismatch`, and the case runs at batch 1. So does a row
 that cannot be replayed: a sampler drawing several tokens per row, noise whose shape is not the
@@ -61,7 +62,13 @@ import torch
 
 from lossless_check.core.errors import GeneratorFailure
 from lossless_check.evidence.results import POWER
-from lossless_check.modes.interception import TOLERANCE, Interception, call_argument, inverse_cdf_multinomial
+from lossless_check.modes.interception import (
+    TOLERANCE,
+    DrawTally,
+    Interception,
+    call_argument,
+    inverse_cdf_multinomial,
+)
 from lossless_check.running.chunks import chunk_sizes
 
 #: A batched case replays this share of its trials at batch 1 (at least :data:`MIN_REPLAYS`): 200 of
@@ -98,8 +105,10 @@ class SamplerLog(Interception):
     def __init__(self, vocab_size: int, force: list[int] | None = None, keep: list[int] | None = None,
                  force_noise: list[torch.Tensor | None] | None = None, exact_draws: bool = False):
         super().__init__(vocab_size)
-        #: A batched call's one-token-a-row draws by :func:`~lossless_check.modes.interception.inverse_cdf_multinomial`.
+        #: A batched call's one-token-a-row draws by :func:`~lossless_check.modes.interception.inverse_cdf_multinomial`,
+        #: counted in :attr:`tally`.
         self.exact_draws = exact_draws
+        self.tally = DrawTally()
         self.force = force
         self.force_noise = force_noise
         #: Per noise tensor: its ``keep`` rows (or itself, one row, without ``keep``), else ``None``.
@@ -122,7 +131,7 @@ class SamplerLog(Interception):
         return None if kept is None else kept[self.keep.index(row)]
 
     def __enter__(self) -> "SamplerLog":
-        draws = inverse_cdf_multinomial if self.exact_draws else None
+        draws = (lambda original: inverse_cdf_multinomial(original, self.tally)) if self.exact_draws else None
         for owner, name, record, sampler in ((torch, "multinomial", self._sampled, draws),
                                              (torch.Tensor, "multinomial", self._sampled, draws),
                                              (torch, "rand", self._noise, None), (torch, "rand_like", self._noise, None),

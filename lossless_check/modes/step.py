@@ -42,7 +42,7 @@ from lossless_check.modes.batching import (
     family_flag,
     rows_per_call,
 )
-from lossless_check.modes.interception import one_row_draws_by_inverse_cdf
+from lossless_check.modes.interception import VerifierDraws
 from lossless_check.modes.loop_models import GREEDY_FAMILIES
 from lossless_check.modes.loop_round import ROUND_NOTE, LoopRounds, no_q
 from lossless_check.modes.observations import Observations, widen
@@ -215,11 +215,9 @@ class StepCase:
             self.check_fresh_draws(fresh)
             count = sum(replays_per_chunk(samples)) if replays is None else replays
             replayed[np.random.default_rng(seed).choice(samples, size=min(count, samples), replace=False)] = True
-        width = self.positions
-        emitted = np.full((samples, width), -1, dtype=np.int64)
-        n_matches = np.zeros(samples, dtype=np.int64)
-        drafts = np.zeros(samples, dtype=np.int64)
-        impossible = np.zeros(samples, dtype=np.int64)
+        emitted = np.full((samples, self.positions), -1, dtype=np.int64)
+        n_matches, drafts, impossible = (np.zeros(samples, dtype=np.int64) for _ in range(3))
+        substituted = np.zeros((samples, 2))  # per trial: the verifier's draw, the batched drafts' share
         length = self.prompt_ids.shape[1]
         started = time.perf_counter()
         t = 0
@@ -230,18 +228,20 @@ class StepCase:
                 gamma = candidate_ids.shape[1] - length
                 if gamma + 1 > emitted.shape[1]:
                     emitted = widen(emitted, gamma + 1)
-                impossible[t : t + rows] = zero_q.sum(axis=1)
-                drafts[t : t + rows] = lengths
-                with one_row_draws_by_inverse_cdf(self.case.scenario.vocab_size):  # the verifier's draws
+                impossible[t : t + rows], drafts[t : t + rows] = zero_q.sum(axis=1), lengths
+                substituted[t : t + rows, 1] = self._drafts_substituted / rows if rows > 1 else 0
+                with VerifierDraws(self.case.scenario.vocab_size, self.case.torch_draws) as draws:
                     for r in range(rows):
                         g = lengths[r]
                         candidates = candidate_ids[r : r + 1, : length + g]
                         valid_tokens, n = self.verified(candidates, candidate_logits[r : r + 1, :g], g)
+                        substituted[t, 0] = draws.tally.take()
                         tokens = valid_tokens[0].numpy()
                         emitted[t, : len(tokens)] = tokens
                         n_matches[t] = int(n)
                         t += 1
-        return Observations(emitted, n_matches, drafts, impossible, replayed, time.perf_counter() - started)
+        return Observations(emitted, n_matches, drafts, impossible, replayed, time.perf_counter() - started,
+                            *substituted.T)
 
     def verified(self, candidates: torch.Tensor, candidate_logits: torch.Tensor, gamma: int):
         """The installed verifier on one row. If it raises where the processed target is
@@ -277,12 +277,14 @@ class StepCase:
         vocab = self.case.scenario.vocab_size
         with watched_randomness():
             try:
-                with SamplerLog(vocab, keep=np.flatnonzero(replay).tolist(), exact_draws=True) as log:
+                with SamplerLog(vocab, keep=np.flatnonzero(replay).tolist(),
+                                exact_draws=not self.case.torch_draws) as log:
                     candidate_ids, candidate_logits = self.draft(rows)
             except Timeout:
                 raise
             except GeneratorFailure as exc:  # the batched call is the harness's construct, not the loop's
                 raise BatchMismatch(f"a call on {rows} rows failed ({exc})") from exc
+            self._drafts_substituted = log.tally.substituted
             lengths = draft_lengths(candidate_ids[:, length:], self.eos, self.stops_at_eos)
             replay_rows(self.draft, candidate_ids, candidate_logits, log, lengths, np.flatnonzero(replay).tolist(),
                         length, vocab)
@@ -341,7 +343,7 @@ class StepCase:
         """Statistics of one case at ``alpha`` (its share of the family rate, less what a sequential
         run gives the anytime test)."""
         case = self.case
-        result = case.result(samples=len(obs.n_matches), seconds=obs.seconds)
+        result = case.result(samples=len(obs.n_matches), seconds=obs.seconds, substituted_draws=obs.substituted_draws)
         result.samples_per_second = result.samples / obs.seconds if obs.seconds > 0 else None
         positions = self.positions_of(obs)
         size, note = self.batching
