@@ -27,7 +27,8 @@ DEFAULT_SAMPLES = 5_000
 DEFAULT_SCENARIO = "markov8"
 SCENARIO_NAMES = ("markov8", "iid8", "iid32-fast-tokenizers", "iid32-id-ordered-vocab", "bpe-fast-tokenizers",
                   "bpe-id-ordered-vocab", "zipf32k", "markov8-bf16", "zipf32k-bf16", "zipf32k-fp16",
-                  "iid8-padded-drafter", "lm49k", "tiny-llama")
+                  "iid8-padded-drafter", "lm49k", "markov8-linear", "markov8-hybrid", "markov8-sliding",
+                  "markov8-static", "tiny-llama")
 MATRICES = ("smoke", "default", "full")
 
 

@@ -37,9 +37,11 @@ with, whatever the table.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 import torch
 
-from lossless_check.laws.stubs import FixedLogitsConfig, FixedLogitsLM, cache_output
+from lossless_check.laws.scenarios import TARGET_KIND_NAMES, Scenario
+from lossless_check.laws.stubs import FixedLogitsConfig, FixedLogitsLM, cache_output, fixed_logits_lm
 from lossless_check.laws.tables import FixedLogits
 
 #: Kernel of the stubs' causal conv (Mamba's and Qwen3-Next's default): the conv state holds the last
@@ -59,19 +61,15 @@ class TargetKind:
     stateful: bool
     #: ``GenerationConfig.cache_implementation`` (``None``: the dynamic cache ``generate()`` builds by default).
     cache_implementation: str | None = None
-    description: str = ""
 
 
 TARGET_KINDS: dict[str, TargetKind] = {k.name: k for k in (
-    TargetKind("linear", ("linear_attention",), True,
-               description="one linear-attention layer (conv + recurrent state), as Mamba"),
-    TargetKind("hybrid", ("linear_attention", "full_attention"), True,
-               description="a linear-attention layer and a full-attention layer, as Qwen3-Next or Jamba"),
-    TargetKind("sliding", ("sliding_attention", "full_attention"), False,
-               description=f"a sliding-window layer (window {SLIDING_WINDOW}) and a full-attention layer, as Mistral"),
-    TargetKind("static", ("full_attention",), False, cache_implementation="static",
-               description="a full-attention layer of a StaticCache (cache_implementation='static')"),
+    TargetKind("linear", ("linear_attention",), True),
+    TargetKind("hybrid", ("linear_attention", "full_attention"), True),
+    TargetKind("sliding", ("sliding_attention", "full_attention"), False),
+    TargetKind("static", ("full_attention",), False, cache_implementation="static"),
 )}
+assert tuple(TARGET_KINDS) == TARGET_KIND_NAMES
 
 
 class StatefulFixedLogitsConfig(FixedLogitsConfig):
@@ -107,7 +105,7 @@ class _Views:
         if tokens is not None:
             held = [int(v) for v in tokens.round().long().tolist()]
             keeps = len(held) if keeps is None else keeps
-            held = held[len(held) - keeps:] if keeps else []
+            held = held[max(0, len(held) - keeps):] if keeps else []
             self.tails.append([0] * (keeps - len(held)) + held)
         if length is not None:
             self.lengths.append(int(length))
@@ -129,6 +127,11 @@ class StatefulFixedLogitsLM(FixedLogitsLM):
     """
 
     config_class = StatefulFixedLogitsConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        # What real linear-attention and SSM models declare; generate() before 5.25.0 refuses them as targets.
+        self._is_stateful = TARGET_KINDS[config.target_kind].stateful
 
     @property
     def kind(self) -> TargetKind:
@@ -214,8 +217,6 @@ def stateful_lm(table: FixedLogits, prompt_length: int, kind: str, **generation_
     """A :class:`StatefulFixedLogitsLM` of ``kind`` emitting ``table``; extra keywords set its generation config."""
     config = StatefulFixedLogitsConfig.for_table(table, prompt_length, target_kind=kind)
     model = StatefulFixedLogitsLM(config).eval()
-    # What real linear-attention and SSM models declare; generate() before 5.25.0 refuses them as targets.
-    model._is_stateful = TARGET_KINDS[kind].stateful
     model.generation_config.pad_token_id = None
     model.generation_config.cache_implementation = TARGET_KINDS[kind].cache_implementation
     for key, value in generation_defaults.items():
@@ -223,4 +224,56 @@ def stateful_lm(table: FixedLogits, prompt_length: int, kind: str, **generation_
     return model
 
 
-__all__ = ["CONV_KERNEL", "SLIDING_WINDOW", "StatefulFixedLogitsLM", "TARGET_KINDS", "TargetKind", "stateful_lm"]
+def target_lm(scenario: Scenario, **generation_defaults) -> FixedLogitsLM:
+    """The target of ``scenario``: a :class:`StatefulFixedLogitsLM` of its ``target_kind``, or the plain stub."""
+    if scenario.target_kind is None:
+        return fixed_logits_lm(scenario.target, prompt_length=len(scenario.prompt), **generation_defaults)
+    return stateful_lm(scenario.target, len(scenario.prompt), scenario.target_kind, **generation_defaults)
+
+
+def stateful_variant(cls: type) -> type:
+    """``cls`` (a :class:`FixedLogitsLM` subclass: a family's target stub) reading its history as
+    :class:`StatefulFixedLogitsLM` does, whatever else it adds (hidden states, MTP layers)."""
+    if issubclass(cls, StatefulFixedLogitsLM):
+        return cls
+    return _variants.setdefault(cls, type(f"{cls.__name__}Stateful", (cls, StatefulFixedLogitsLM), {}))
+
+
+_variants: dict[type, type] = {}
+
+#: What ``generate()`` raises where the installed release will not verify drafts on a target of a kind:
+#: releases before 5.25.0 refuse ``_is_stateful`` models (``_validate_generation_mode``), and a cache
+#: that cannot be cropped (5.24.0's linear-attention layers once they hold a recurrent state).
+REFUSALS = ("not supported with stateful models", "requires a cache that can be cropped")
+
+
+@lru_cache(maxsize=None)
+def refusal(kind: str) -> str | None:
+    """Why the installed release will not run speculative decoding on a target of ``kind``, or ``None``.
+
+    A release whose caches have no layer of a type the kind is made of (``DYNAMIC_LAYER_TYPE_MAPPING``,
+    ``STATIC_LAYER_TYPE_MAPPING`` of ``cache_utils``) cannot hold it. Otherwise the release is asked: a
+    greedy ``generate()`` with prompt lookup on a 2-token prompt, 1 new token. Only what it says to
+    refuse (:data:`REFUSALS`) counts as a refusal: any other failure is left to the cases, which report it.
+    """
+    import transformers
+    from transformers import GenerationConfig, cache_utils
+
+    target = TARGET_KINDS[kind]
+    mapping = "STATIC_LAYER_TYPE_MAPPING" if target.cache_implementation == "static" else "DYNAMIC_LAYER_TYPE_MAPPING"
+    missing = [t for t in target.layer_types if t not in getattr(cache_utils, mapping, {})]
+    if missing:
+        return f"transformers {transformers.__version__}'s caches have no {', '.join(missing)} layer"
+    try:
+        model = stateful_lm(FixedLogits.iid([0.0, 1.0]), 1, kind)
+        model.generate(torch.tensor([[0, 1]]), generation_config=GenerationConfig(
+            do_sample=False, max_new_tokens=1, prompt_lookup_num_tokens=1))
+    except ValueError as exc:
+        message = (str(exc).strip().splitlines() or [""])[0]
+        if any(words in message for words in REFUSALS):
+            return f"transformers {transformers.__version__} does not verify drafts on a {kind} target: {message}"
+    return None
+
+
+__all__ = ["CONV_KERNEL", "REFUSALS", "SLIDING_WINDOW", "StatefulFixedLogitsLM", "TARGET_KINDS", "TargetKind",
+           "refusal", "stateful_lm", "stateful_variant", "target_lm"]

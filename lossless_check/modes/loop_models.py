@@ -46,6 +46,7 @@ import torch
 from transformers import GenerationMixin
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from lossless_check.laws.stateful import StatefulFixedLogitsLM, refusal, stateful_variant
 from lossless_check.laws.stubs import FixedLogitsLM, fixed_logits_lm
 from lossless_check.subjects.adapters import DraftContext
 from lossless_check.subjects.adapters.base import constant_drafts
@@ -191,7 +192,10 @@ class EarlyExitLoopLM(EarlyExitFixedLogitsLM):
 
 
 def _rebuilt(model, cls):
-    """``model`` (a fixed-logits stub) as an instance of ``cls``: same config, weights and generation config."""
+    """``model`` (a fixed-logits stub) as an instance of ``cls``: same config, weights and generation config.
+    A stateful ``model`` (:mod:`~lossless_check.laws.stateful`) stays stateful: ``cls`` reads its history as it does."""
+    if isinstance(model, StatefulFixedLogitsLM):
+        cls = stateful_variant(cls)
     rebuilt = cls(model.config).eval()
     rebuilt.load_state_dict(model.state_dict())
     rebuilt.generation_config = model.generation_config
@@ -268,6 +272,25 @@ BUILDERS: dict[str, Callable[[DraftContext], LoopModels]] = {
     UNIVERSAL: lambda ctx: _two_tokenizers(ctx, greedy=False),
     DIFFERENT_TOKENIZERS: lambda ctx: _two_tokenizers(ctx, greedy=True),
 }
+
+
+#: Families whose generate-mode target cannot be one of the stateful targets (:mod:`~lossless_check.laws.stateful`), and why.
+NOT_ON_STATEFUL_TARGETS = {
+    EARLY_EXIT: "the target drafts with its own lower layers, and the early-exit stub (as the LayerSkip checkpoints "
+                "the family is for) is an attention model with a layer of keys per depth",
+    SINGLE_POSITION: "generate() builds it for a Gemma4 or Gemma3n target only, whose assistant reads the target's "
+                     "attention keys (shared_kv_states): the Gemma4 stub keeps its history in one full-attention layer",
+}
+
+
+def target_kind_reason(family: str, kind: str) -> str | None:
+    """Why ``family`` cannot run on a target of ``kind`` (``linear``, ``hybrid``, ``sliding``, ``static``) on
+    this install, or ``None``: the family cannot pair with it (:data:`NOT_ON_STATEFUL_TARGETS`), or the
+    installed release refuses the kind (:func:`~lossless_check.laws.stateful.refusal`): not applicable."""
+    if family in NOT_ON_STATEFUL_TARGETS:
+        return f"not applicable to a {kind} target: {NOT_ON_STATEFUL_TARGETS[family]}"
+    refused = refusal(kind)
+    return None if refused is None else f"not applicable: {refused}"
 
 
 def loop_models(family: str, ctx: DraftContext) -> LoopModels:
@@ -364,5 +387,5 @@ def driving(target, generator_class: type, base: type):
     return target
 
 
-__all__ = ["FAMILIES", "GREEDY_FAMILIES", "LoopModels", "ROUTES", "driving", "installed_class", "loop_models",
-           "routes_in_generate"]
+__all__ = ["FAMILIES", "GREEDY_FAMILIES", "LoopModels", "NOT_ON_STATEFUL_TARGETS", "ROUTES", "driving",
+           "installed_class", "loop_models", "routes_in_generate", "target_kind_reason"]
