@@ -49,8 +49,9 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
     (:func:`lossless_check.faces.api.real_world_cases`). ``modes`` are :data:`lossless_check.modes.MODES`;
     by default every mode that applies: ``all``
     (the statistical step mode with the exact provenance sub-verdict beside it), ``generate`` (the
-    real loop; cases generate mode cannot drive are ``skipped`` with the reason) and ``greedy`` (exact,
-    its rows from :func:`lossless_check.faces.api.greedy_cases`, whatever the matrix). The exit code is
+    real loop; cases generate mode cannot drive are ``skipped`` with the reason; with ``scenario=None`` the
+    matrix runs on the stateful targets too, :func:`lossless_check.faces.api.stateful_cases`) and ``greedy``
+    (exact, its rows from :func:`lossless_check.faces.api.greedy_cases`, whatever the matrix). The exit code is
     :attr:`RunResult.exit_code` (0 every case lossless, 1 otherwise). Bad
     input raises :class:`lossless_check.core.errors.UsageError`. ``return_result``: return
     ``(RunResult, exit code)`` instead. Generate mode (about 150 samples/s: the real loop drafts one
@@ -65,7 +66,7 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
     """
     from lossless_check.subjects.adapters import resolve_generator
     from lossless_check.faces.api import (
-        DEFAULT_SCENARIO, RunInterrupted, greedy_cases, real_world_cases, resolve_scenario, run_cases,
+        DEFAULT_SCENARIO, RunInterrupted, greedy_cases, real_world_cases, resolve_scenario, run_cases, stateful_cases,
     )
     from lossless_check.running.journal import Journal, run_identity
     from lossless_check.laws.matrix import matrix
@@ -78,6 +79,8 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
              if mode != "greedy" for stack in matrix(matrix_name)]
     if scenario is None:
         cases += real_world_cases([generator], matrix_name, modes[0])
+        if "generate" in modes:
+            cases += stateful_cases([generator], matrix(matrix_name))
     if "greedy" in modes:
         cases += greedy_cases([generator], [], scenario)
     if hasattr(progress, "set_total"):
