@@ -390,9 +390,8 @@ def skip_reason(case: Case) -> str | None:
     """Why a case cannot run on this install (``None`` if it can)."""
     if case.generator.generator_class is None:
         return f"{case.generator.adapter.name} is not in the installed transformers"
-    if getattr(case.scenario, "target_kind", None) is not None:
-        return (f"step mode verifies one round from the prompt, with nothing to roll back: the {case.scenario.name} "
-                f"scenario's {case.scenario.target_kind} target is checked in generate and greedy modes")
+    if getattr(case.scenario, "target_kind", None) is not None:  # one round from the prompt: nothing is rolled back
+        return f"the {case.scenario.name} target's state is rolled back in generate and greedy modes only"
     if case.scenario.drafter.kind not in case.generator.adapter.drafter_kinds:
         return f"a {case.scenario.drafter.kind} drafter table cannot drive {case.generator.adapter.name}"
     if getattr(case.scenario, "drafter_padding", 0) and not case.generator.adapter.padded_drafter:
