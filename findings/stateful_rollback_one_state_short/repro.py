@@ -19,8 +19,6 @@ Exit 1 when any speculative call differs from plain greedy decoding, 0 when none
 release refuses these targets: nothing to reproduce).
 """
 
-from __future__ import annotations
-
 import argparse
 import sys
 import time
@@ -28,7 +26,13 @@ import time
 import torch
 import transformers
 from transformers import (
-    DynamicCache, GenerationConfig, LlamaConfig, LlamaForCausalLM, Mamba2Config, Mamba2ForCausalLM, Qwen3NextConfig,
+    DynamicCache,
+    GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Mamba2Config,
+    Mamba2ForCausalLM,
+    Qwen3NextConfig,
     Qwen3NextForCausalLM,
 )
 from transformers.utils import logging

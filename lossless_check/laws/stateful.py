@@ -37,7 +37,8 @@ with, whatever the table.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
+
 import torch
 
 from lossless_check.laws.scenarios import TARGET_KIND_NAMES, Scenario
@@ -247,7 +248,7 @@ _variants: dict[type, type] = {}
 REFUSALS = ("not supported with stateful models", "requires a cache that can be cropped")
 
 
-@lru_cache(maxsize=None)
+@cache
 def refusal(kind: str) -> str | None:
     """Why the installed release will not run speculative decoding on a target of ``kind``, or ``None``.
 
@@ -275,5 +276,15 @@ def refusal(kind: str) -> str | None:
     return None
 
 
-__all__ = ["CONV_KERNEL", "REFUSALS", "SLIDING_WINDOW", "StatefulFixedLogitsLM", "TARGET_KINDS", "TargetKind",
-           "refusal", "stateful_lm", "stateful_variant", "target_lm"]
+__all__ = [
+    "CONV_KERNEL",
+    "REFUSALS",
+    "SLIDING_WINDOW",
+    "TARGET_KINDS",
+    "StatefulFixedLogitsLM",
+    "TargetKind",
+    "refusal",
+    "stateful_lm",
+    "stateful_variant",
+    "target_lm",
+]
