@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 import transformers
 
-from fixtures.releases import STATEFUL_TARGETS_REFUSED, needs, within
+from fixtures.releases import STATEFUL_TARGETS_REFUSED, STATIC_CACHE_REFUSED, needs, within
 from test_findings import FINDINGS, affected, check_exit, run_repro
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,6 +93,11 @@ FIXES = {
         generator="PromptLookupCandidateGenerator", warpers="none", mode="generate", scenario="markov8-linear",
         samples=400), release="5.25.0",
         unaffected_verdict="skipped" if within(STATEFUL_TARGETS_REFUSED) else "lossless"),
+    # Unpatched, generate() raises in the first samples (verdict error); 5.15-5.23 refuse a static cache.
+    "static_cache_drafts_past_max_length": Fix((), dict(
+        generator="PromptLookupCandidateGenerator", warpers="none", mode="generate", scenario="markov8-static",
+        samples=400), unpatched_verdict="error",
+        unaffected_verdict="skipped" if within(STATIC_CACHE_REFUSED) else "lossless"),
 }
 
 

@@ -240,3 +240,18 @@ def test_the_linear_layer_that_keeps_one_more_state_passes(monkeypatch):
     _replace_layer(monkeypatch, "linear_attention", _KeepOneMore)
     assert _generate(PROMPT_LOOKUP, "linear").verdict == "lossless"
     assert run_greedy_case(_case(PROMPT_LOOKUP, "linear", "greedy")).verdict == "lossless"
+
+
+def test_prompt_lookup_on_a_static_cache_errs_where_drafts_overflow_it():
+    """findings/static_cache_drafts_past_max_length: drafts reaching max_length are written past a static cache
+    of max_length - 1 positions (5.24.0 on): ``error``, explained; ``skipped`` where the release refuses a static
+    cache for speculative decoding (5.15-5.23)."""
+    from fixtures.releases import STATIC_CACHE_OVERFLOWS, STATIC_CACHE_REFUSED
+
+    result = _generate(PROMPT_LOOKUP, "static")
+    if within(STATIC_CACHE_REFUSED):
+        assert result.verdict == "skipped" and "Static cache" in result.reason
+    elif within(STATIC_CACHE_OVERFLOWS):
+        assert result.verdict == "error" and "IndexError" in result.explain()
+    else:
+        assert result.verdict == "lossless", result.reason

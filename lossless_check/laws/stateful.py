@@ -243,9 +243,11 @@ def stateful_variant(cls: type) -> type:
 _variants: dict[type, type] = {}
 
 #: What ``generate()`` raises where the installed release will not verify drafts on a target of a kind:
-#: releases before 5.25.0 refuse ``_is_stateful`` models (``_validate_generation_mode``), and a cache
-#: that cannot be cropped (5.24.0's linear-attention layers once they hold a recurrent state).
-REFUSALS = ("not supported with stateful models", "requires a cache that can be cropped")
+#: releases before 5.25.0 refuse ``_is_stateful`` models (``_validate_generation_mode``), a cache that
+#: cannot be cropped (5.24.0's linear-attention layers once they hold a recurrent state), and 5.11-5.23
+#: a static cache ("assisted generate is not supported with Static cache classes").
+REFUSALS = ("not supported with stateful models", "requires a cache that can be cropped",
+            "not supported with Static cache")
 
 
 @cache

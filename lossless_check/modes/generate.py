@@ -85,7 +85,8 @@ class GenerateCaseResult(CaseResult):
                             "reference: plain greedy decoding")
         if self.stopping_violations:
             parts.append(f"{self.stopping_violations} outputs break the length/EOS rules of plain sampling")
-        parts.append(f"{self.mean_rounds:.2f} rounds and {self.mean_new_tokens:.2f} tokens per generate() call")
+        if self.mean_rounds is not None:  # None: no sample finished (an error before any)
+            parts.append(f"{self.mean_rounds:.2f} rounds and {self.mean_new_tokens:.2f} tokens per generate() call")
         if self.filled_past_budget:
             parts.append(f"{self.filled_past_budget} samples drafted past max_new_tokens into positions where the "
                          f"scenario's processed laws have no token left (given zero logits there: never emitted, "
