@@ -255,3 +255,11 @@ def test_prompt_lookup_on_a_static_cache_errs_where_drafts_overflow_it():
         assert result.verdict == "error" and "IndexError" in result.explain()
     else:
         assert result.verdict == "lossless", result.reason
+
+
+def test_no_generated_script_claims_to_reproduce_a_stateful_case():
+    """The generated scripts' table model keeps no state: they point to the hand-written reproduction instead."""
+    from lossless_check.outputs.repro import repro_unsupported
+
+    reason = repro_unsupported(_case(PROMPT_LOOKUP, "linear"))
+    assert reason is not None and "findings/stateful_rollback_one_state_short/repro.py" in reason
