@@ -41,7 +41,7 @@ from functools import cache
 
 import torch
 
-from lossless_check.laws.scenarios import TARGET_KIND_NAMES, Scenario
+from lossless_check.laws.scenarios import Scenario
 from lossless_check.laws.stubs import FixedLogitsConfig, FixedLogitsLM, cache_output, fixed_logits_lm
 from lossless_check.laws.tables import FixedLogits
 
@@ -70,10 +70,11 @@ TARGET_KINDS: dict[str, TargetKind] = {k.name: k for k in (
     TargetKind("sliding", ("sliding_attention", "full_attention"), False),
     TargetKind("static", ("full_attention",), False, cache_implementation="static"),
 )}
-assert tuple(TARGET_KINDS) == TARGET_KIND_NAMES
 
 
 class StatefulFixedLogitsConfig(FixedLogitsConfig):
+    """A :class:`FixedLogitsConfig` whose ``layer_types`` (the cache ``generate()`` builds) are a kind's."""
+
     model_type = "lossless_check_stateful_fixed_logits"
 
     def __init__(self, target_kind: str = "linear", **kwargs):
