@@ -26,8 +26,8 @@ import transformers
 from packaging.version import Version
 
 from fixtures.releases import (DIFFERENT_TOKENIZERS_TARGET_PROCESSORS, LOOP_STOPS_ON_PROMPT_EOS,
-                               PROMPT_LOOKUP_CRASHES_WITHOUT_EOS, PROMPT_LOOKUP_OVERSHOOTS, VERIFIER_ACCEPTS_AT_R_0,
-                               within)
+                               PROMPT_LOOKUP_CRASHES_WITHOUT_EOS, PROMPT_LOOKUP_OVERSHOOTS, STATIC_CACHE_OVERFLOWS,
+                               STATEFUL_ROLLBACK_ONE_STATE_SHORT, VERIFIER_ACCEPTS_AT_R_0, within)
 from lossless_check.outputs.repro import LEGACY_RELEASE
 from lossless_check.laws.stubs import LEGACY_GENERATION
 
@@ -51,6 +51,11 @@ AFFECTED = {
     "different_tokenizers_target_processors": DIFFERENT_TOKENIZERS_TARGET_PROCESSORS,
     # is_done_candidate on a round without drafts (4.40.0 line 4659 ... 5.17.0 line 3857); 5.18.0 dropped it
     "prompt_lookup_nothing_after_eos_prompt": LOOP_STOPS_ON_PROMPT_EOS,
+    # the loop records num_drafting_tokens states for a forward of one token more (5.25.0 line 4002); 5.24.0
+    # refuses stateful targets (the script says there is nothing to reproduce)
+    "stateful_rollback_one_state_short": STATEFUL_ROLLBACK_ONE_STATE_SHORT,
+    # static caches are sized max_length - 1 (5.24.0 line 2963); 5.15-5.23 refuse them for speculative decoding
+    "static_cache_drafts_past_max_length": STATIC_CACHE_OVERFLOWS,
 }
 
 #: What a script may import: the standard library modules below, torch, transformers and
@@ -185,4 +190,29 @@ def test_prompt_lookup_nothing_after_eos_prompt_reproduces(clean_python, tmp_pat
 def test_prompt_lookup_nothing_after_eos_prompt_control(clean_python, tmp_path):
     """The same prompt without its final EOS: tokens are emitted on every release (exit 0)."""
     proc = run_repro(clean_python, "prompt_lookup_nothing_after_eos_prompt", "--no-final-eos", tmp_path=tmp_path)
+    check_exit(proc, 0)
+
+
+@pytest.mark.slow
+def test_stateful_rollback_one_state_short_reproduces(clean_python, tmp_path):
+    """Exact (greedy against plain greedy decoding), tiny Mamba2 and Qwen3-Next: about 20 s of CPU."""
+    proc = run_repro(clean_python, "stateful_rollback_one_state_short", tmp_path=tmp_path)
+    check_exit(proc, 1 if affected("stateful_rollback_one_state_short") else 0)
+
+
+@pytest.mark.slow
+def test_stateful_rollback_one_state_short_control_is_lossless(clean_python, tmp_path):
+    """The target's cache records one more recurrent state than the loop asks for: identical tokens."""
+    proc = run_repro(clean_python, "stateful_rollback_one_state_short", "--keep-one-more", tmp_path=tmp_path)
+    check_exit(proc, 0)
+
+
+def test_static_cache_drafts_past_max_length_reproduces(clean_python, tmp_path):
+    """Exact (a call raises, or differs from plain greedy decoding): a tiny Llama, about 5 s."""
+    proc = run_repro(clean_python, "static_cache_drafts_past_max_length", tmp_path=tmp_path)
+    check_exit(proc, 1 if affected("static_cache_drafts_past_max_length") else 0)
+
+
+def test_static_cache_drafts_past_max_length_control_is_lossless(clean_python, tmp_path):
+    proc = run_repro(clean_python, "static_cache_drafts_past_max_length", "--dynamic-cache", tmp_path=tmp_path)
     check_exit(proc, 0)

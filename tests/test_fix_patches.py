@@ -12,8 +12,9 @@ With that copy first on ``PYTHONPATH``:
   so the run's sample count is one at which the bug is caught), or ``lossless-check verifier`` for
   the verifier's fix (it exits 1 unpatched: ``tests/test_verifier.py``).
 
-The patches are written against 5.24.0. On another installed release a patch that does not apply
-is skipped with its reason; on 5.24.0 it must apply. A lossless run exits 1 with probability at most
+The patches are written against 5.24.0, except a finding's that only a later release has (its
+``Fix.release``: 5.25.0 for the stateful rollback). On another installed release a patch that does not
+apply is skipped with its reason; on the release it is written against it must apply. A lossless run exits 1 with probability at most
 its alpha (1e-6, the scripts' and the CLI's default), so these tests fail falsely at most that often.
 """
 
@@ -30,7 +31,7 @@ from pathlib import Path
 import pytest
 import transformers
 
-from fixtures.releases import needs
+from fixtures.releases import STATEFUL_TARGETS_REFUSED, STATIC_CACHE_REFUSED, needs, within
 from test_findings import FINDINGS, affected, check_exit, run_repro
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,6 +54,10 @@ class Fix:
     unpatched_words: str = ""
     #: The harness's own check where it is not a ``run`` of a generator (the verifier's).
     check: tuple[str, ...] = ()
+    #: The release the patch is written against (there it must apply): the first with the finding's code.
+    release: str = PATCHED_RELEASE
+    #: The unpatched run's verdict where the finding is not (the release refuses the run's scenario: ``skipped``).
+    unaffected_verdict: str = "lossless"
 
     def command(self) -> list[str]:
         """The CLI's check of the fix: a run of the generator (without the verifier's row, which judges
@@ -85,6 +90,16 @@ FIXES = {
         unpatched_verdict="error"),
     # The harness's check of the verifier is `lossless-check verifier` (exit 0 on the strict fix).
     "verifier_accepts_zero_probability": Fix((), None, check=("verifier",)),
+    # Unpatched 5.25.0 stops after 7 trials; releases before 5.25.0 refuse the linear target (not applicable).
+    "stateful_rollback_one_state_short": Fix((), dict(
+        generator="PromptLookupCandidateGenerator", warpers="none", mode="generate", scenario="markov8-linear",
+        samples=400), release="5.25.0",
+        unaffected_verdict="skipped" if within(STATEFUL_TARGETS_REFUSED) else "lossless"),
+    # Unpatched, generate() raises in the first samples (verdict error); 5.15-5.23 refuse a static cache.
+    "static_cache_drafts_past_max_length": Fix((), dict(
+        generator="PromptLookupCandidateGenerator", warpers="none", mode="generate", scenario="markov8-static",
+        samples=400), unpatched_verdict="error",
+        unaffected_verdict="skipped" if within(STATIC_CACHE_REFUSED) else "lossless"),
 }
 
 
@@ -94,14 +109,16 @@ def patch_command(patch: Path, root: Path, *options: str) -> subprocess.Complete
 
 
 def skip_unless_applies(finding: str) -> Path:
-    """The finding's fix.patch; skips where it does not apply to the installed release (never on 5.24.0)."""
+    """The finding's fix.patch; skips where it does not apply to the installed release (never on the release it
+    is written against: 5.24.0, or :attr:`Fix.release`)."""
     patch = FINDINGS / finding / "fix.patch"
     if shutil.which("patch") is None:
         pytest.skip("the `patch` program is not installed")
     dry = patch_command(patch, SITE, "--dry-run")
     if dry.returncode != 0:
-        assert transformers.__version__ != PATCHED_RELEASE, f"{patch} does not apply to {SITE}:\n{dry.stdout}"
-        pytest.skip(f"{finding}/fix.patch is written against {PATCHED_RELEASE}; it does not apply to the installed "
+        release = FIXES[finding].release
+        assert transformers.__version__ != release, f"{patch} does not apply to {SITE}:\n{dry.stdout}"
+        pytest.skip(f"{finding}/fix.patch is written against {release}; it does not apply to the installed "
                     f"{transformers.__version__}: {dry.stdout.strip().splitlines()[-1]}")
     return patch
 
@@ -169,5 +186,5 @@ def test_harness_flags_unpatched_generator(finding):
 
     fix = FIXES[finding]
     result = lc.check(**fix.harness)
-    assert result.verdict == (fix.unpatched_verdict if affected(finding) else "lossless"), result.explain()
+    assert result.verdict == (fix.unpatched_verdict if affected(finding) else fix.unaffected_verdict), result.explain()
     assert not affected(finding) or fix.unpatched_words in result.explain()

@@ -102,9 +102,14 @@ def test_named_matrices_add_their_real_world_cases_on_the_default_scenario_only(
     extra = [(c.scenario.name, c.warpers, c.mode) for c in default if c.scenario.name != "markov8"]
     assert extra == [(name, stack, "step") for name, stack in REAL_WORLD_SLICES]
     assert ("zipf32k", {"top_p": 0.9}, "step") in extra
-    # A named scenario runs every stack there and nothing else; smoke adds nothing; generate mode neither.
+    # A named scenario runs every stack there and nothing else; smoke adds nothing; generate mode adds no
+    # real-world case, but the stateful targets (tests/test_stateful.py).
+    from lossless_check.laws.scenarios import STATEFUL
+
     assert {c.scenario.name for c in cases_for(generator, matrix="default", scenario="iid8")} == {"iid8"}
     assert {c.scenario.name for c in cases_for(generator, matrix="smoke")} == {"markov8"}
-    assert {c.scenario.name for c in cases_for(generator, matrix="default", mode="generate")} == {"markov8"}
+    assert {c.scenario.name for c in cases_for(generator, matrix="default", mode="generate")} == (
+        {"markov8"} | {s.name for s in STATEFUL.values()})
     # With mode all the real-world cases carry provenance beside step (mode all), not generate.
-    assert {c.mode for c in cases_for(generator, matrix="default", mode="all") if c.scenario.name != "markov8"} == {"all"}
+    assert {c.mode for c in cases_for(generator, matrix="default", mode="all")
+            if c.scenario.name != "markov8" and c.scenario.target_kind is None} == {"all"}

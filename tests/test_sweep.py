@@ -141,6 +141,18 @@ def test_the_table_takes_its_reasons_from_the_reports():
     assert "- step / every generator / failed [5.2.0]: exit 3, no report: boom" in table
 
 
+def test_stateful_targets_have_rows_of_their_own():
+    """A generator's rows on the stateful targets (markov8-linear ...) are not mixed into its markov8 row."""
+    plain = {"generator": "G", "scenario": "markov8", "verdict": "lossless", "reason": ""}
+    linear = {"generator": "G", "scenario": "markov8-linear", "verdict": "not_lossless", "reason": "rejects"}
+    skipped = dict(linear, verdict="skipped", reason="not applicable: refused")
+    results = {"5.24.0": {"generate": {"cases": [plain, skipped]}, "seconds": 1.0},
+               "5.25.0": {"generate": {"cases": [plain, linear]}, "seconds": 1.0}}
+    table = compat_table(results, ["generate"], "c", {"generate": ["run", "--mode", "generate"]})
+    assert "| G | lossless | lossless |" in table
+    assert "| G (markov8-linear) | skipped | **NOT** 1/1 |" in table
+
+
 def test_reuse_keeps_only_finished_reports_of_the_same_run(tmp_path):
     """``sweep --reuse``: a release whose reports are finished runs of the same arguments is not run
     again (no environment is built: the unknown release would fail); any difference runs it."""

@@ -233,6 +233,9 @@ def resolve_scenario(name: str, mode: str = "step"):
         return SEQ2SEQ
     if name not in SCENARIOS:
         raise UsageError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}, tiny-llama, markov8-seq2seq")
+    if SCENARIOS[name].target_kind is not None and mode not in ("generate", "greedy"):
+        raise UsageError(f"the {name} scenario runs in generate and greedy modes only (--mode generate or greedy): "
+                         f"its target's state is rolled back by the generate() loop, which step mode does not run")
     return SCENARIOS[name]
 
 
@@ -304,6 +307,8 @@ def _cases(generators, warpers, matrix, mode, scenario, max_new_tokens) -> list[
         cases += [Case(g, w, m, chosen, max_new_tokens) for g in resolved for w in stacks]
     if scenario is None and matrix_name:
         cases += real_world_cases(resolved, matrix_name, modes[0], max_new_tokens)
+        if "generate" in modes:
+            cases += stateful_cases(resolved, stacks, max_new_tokens)
     if generators is None and mode in ("step", "all"):
         cases += greedy_cases(resolved, [], scenario)
     return cases
@@ -332,6 +337,28 @@ def greedy_cases(generators: list, stacks: list[dict[str, Any]], scenario: str |
         tiny = resolve_scenario("tiny-llama", "greedy")
         cases += [Case(g, w, "greedy", tiny) for g in generators for w in (stacks or [{}])
                   if g.adapter.name in (ASSISTED, PROMPT_LOOKUP)]
+        cases += stateful_cases(generators, stacks or [{}], mode="greedy")
+    return cases
+
+
+def stateful_cases(generators: list, stacks: list[dict[str, Any]], max_new_tokens: int = 4,
+                   mode: str = "generate") -> list[Case]:
+    """The rows of the targets that keep their history in state (``markov8-linear``, ``-hybrid``, ``-sliding``,
+    ``-static``: :data:`~lossless_check.laws.scenarios.STATEFUL`) for resolved ``generators``, in generate
+    (every stack) or greedy mode.
+
+    Where a generator cannot run on a kind at all (the release refuses the kind, or the family cannot pair
+    with it: :func:`~lossless_check.modes.loop_models.target_kind_reason`), one row per mode says so
+    (``skipped``, not applicable) instead of a row per stack.
+    """
+    from lossless_check.laws.scenarios import STATEFUL
+    from lossless_check.modes import skip_reason
+
+    cases = []
+    for scenario in STATEFUL.values():
+        for g in generators:
+            rows = [Case(g, w, mode, scenario, max_new_tokens) for w in stacks]
+            cases += rows[:1] if rows and skip_reason(rows[0]) is not None else rows
     return cases
 
 

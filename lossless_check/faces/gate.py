@@ -53,7 +53,8 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
     (:func:`lossless_check.faces.api.real_world_cases`). ``modes`` are :data:`lossless_check.modes.MODES`;
     by default every mode that applies: ``all``
     (the statistical step mode with the exact provenance sub-verdict beside it), ``generate`` (the
-    real loop; cases generate mode cannot drive are ``skipped`` with the reason), ``greedy`` (exact,
+    real loop; cases generate mode cannot drive are ``skipped`` with the reason; with ``scenario=None`` the
+    matrix runs on the stateful targets too, :func:`lossless_check.faces.api.stateful_cases`), ``greedy`` (exact,
     its rows from :func:`lossless_check.faces.api.greedy_cases`, whatever the matrix) and ``options`` (exact:
     the outputs, streamer and heuristic schedule of the real loop, one row, :mod:`lossless_check.modes.loop_options`). The exit code is
     :attr:`RunResult.exit_code` (1 a case not lossless or an error; 5 no answer: no case of the generator was
@@ -76,7 +77,7 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
     """
     from lossless_check.subjects.adapters import resolve_generator
     from lossless_check.faces.api import (
-        DEFAULT_SCENARIO, RunInterrupted, greedy_cases, real_world_cases, resolve_scenario, run_cases,
+        DEFAULT_SCENARIO, RunInterrupted, greedy_cases, real_world_cases, resolve_scenario, run_cases, stateful_cases,
         with_torch_draws,
     )
     from lossless_check.running.journal import Journal, run_identity
@@ -92,6 +93,8 @@ def gate(generator_spec: str, out_dir: str | Path, *, matrix_name: str = "defaul
                  if mode not in ("greedy", "options") for stack in matrix(matrix_name)]
         if scenario is None:
             cases += real_world_cases([generator], matrix_name, modes[0])
+            if "generate" in modes:
+                cases += stateful_cases([generator], matrix(matrix_name))
         if "greedy" in modes:
             cases += greedy_cases([generator], [], scenario)
         if "options" in modes:

@@ -238,6 +238,15 @@ def cell(cases: list[dict]) -> tuple[str, str]:
     return "lossless", ""
 
 
+def _row(case: dict) -> str:
+    """The table row of a case: its generator, or on a stateful target (``markov8-linear`` ...) the generator
+    and the scenario (``G (markov8-linear)``): a row of its own, whose verdicts are not mixed into the generator's."""
+    from lossless_check.laws.scenarios import STATEFUL
+
+    stateful = case.get("scenario") in {s.name for s in STATEFUL.values()}
+    return f"{case['generator']} ({case['scenario']})" if stateful else case["generator"]
+
+
 def compat_table(results: dict[str, dict], modes: list[str], command: str, run_args: dict[str, list[str]]) -> str:
     """The release x generator x mode table in Markdown, then each cell that is not ``lossless`` with
     the first case reason behind it (cells alike in mode, generator, verdict and reason share a line)."""
@@ -253,7 +262,7 @@ def compat_table(results: dict[str, dict], modes: list[str], command: str, run_a
               "`skipped`, `absent` (no such class in the release), `failed` (no verdict: the run failed, for the "
               "reason below).", ""]
     notes: dict[tuple[str, str, str, str], list[str]] = {}
-    generators = list(dict.fromkeys(c["generator"] for r in releases for m in modes
+    generators = list(dict.fromkeys(_row(c) for r in releases for m in modes
                                     for c in results[r][m].get("cases", []))) or ["(no report)"]
     # A run over the whole install adds greedy rows (lossless_check.faces.api.greedy_cases): their own section,
     # read from the first mode whose reports hold them, never mixed into that mode's cells.
@@ -273,7 +282,7 @@ def compat_table(results: dict[str, dict], modes: list[str], command: str, run_a
                     notes.setdefault((title, "every generator", "failed", report["failed"]), []).append(release)
                     row.append("failed")
                     continue
-                text, reason = cell([c for c in report["cases"] if c["generator"] == generator
+                text, reason = cell([c for c in report["cases"] if _row(c) == generator
                                      and (c.get("mode") == "greedy") == greedy])
                 row.append(text)
                 if text not in ("lossless", "absent") or reason:

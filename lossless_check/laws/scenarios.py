@@ -22,6 +22,9 @@ from lossless_check.laws.tables import FixedLogits
 #: How a scenario's tokenizers give their vocabulary (built by :func:`.adapters.vocabularies.tokenizer_pair`;
 #: named here so that this module imports neither torch nor ``tokenizers``).
 TOKENIZER_KINDS = ("stub", "fast", "id-ordered", "bpe", "bpe-id-ordered")
+#: The caches a target may keep its history in besides one full-attention layer (the stubs of
+#: :mod:`.stateful`, which imports torch: named here so that this module does not).
+TARGET_KIND_NAMES = ("linear", "hybrid", "sliding", "static")
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,11 @@ class Scenario:
     #: The dtype both stub models emit their logits in (``float32``, ``bfloat16``, ``float16``), as a
     #: real model in that precision returns them. It overrides the tables' own (float32) dtype.
     dtype: str = "float32"
+    #: Where the target keeps its history: ``None``, one full-attention layer
+    #: (:class:`~lossless_check.laws.stubs.FixedLogitsLM`); else a :data:`TARGET_KIND_NAMES` kind, the
+    #: linear-attention, hybrid, sliding-window and static-cache targets of :mod:`.stateful`, which the
+    #: loop rolls back after a rejection (generate and greedy modes).
+    target_kind: str | None = None
 
     def __post_init__(self) -> None:
         for side in ("target", "drafter"):
@@ -68,6 +76,8 @@ class Scenario:
             raise UsageError(f"scenario {self.name!r}: prompt tokens must lie in [0, {self.vocab_size})")
         if self.tokenizers not in TOKENIZER_KINDS:
             raise UsageError(f"scenario {self.name!r}: tokenizers must be one of {', '.join(TOKENIZER_KINDS)}")
+        if self.target_kind is not None and self.target_kind not in TARGET_KIND_NAMES:
+            raise UsageError(f"scenario {self.name!r}: target_kind must be one of {', '.join(TARGET_KIND_NAMES)}")
         if self.gamma < 1:
             raise UsageError(f"scenario {self.name!r}: gamma must be >= 1")
 
@@ -314,8 +324,36 @@ def _registered(name: str) -> Scenario:
     return SCENARIOS[name]
 
 
+# --- Targets that keep their history in state (generate and greedy modes) ---------------------------
+
+#: The prompt of the stateful scenarios: ``markov8``'s twice, so that prompt lookup finds an earlier match
+#: for each of its tokens and drafts ``gamma`` tokens, while five tokens stay unused (``no_repeat_ngram_size=1``
+#: bans every token of the prompt: plain sampling must keep one for each of the 4 new tokens). Measured on
+#: 5.25.0 (150 calls of 4 sampled tokens each, ``linear`` target): prompt lookup meets a rollback that
+#: leaves a wrong state in 150 calls, the assistant model in 81; with ``markov8``'s own prompt, in 14 and
+#: 111 of 200.
+STATEFUL_PROMPT = (3, 1, 4, 3, 1, 4)
+_TARGET_KIND_TEXT = {
+    "linear": "one linear-attention layer (conv and recurrent state, as Mamba)",
+    "hybrid": "a linear-attention and a full-attention layer (as Qwen3-Next, Jamba)",
+    "sliding": "a sliding-window layer (window 3) and a full-attention layer (as Mistral, Gemma)",
+    "static": "a full-attention layer in a StaticCache (cache_implementation='static')",
+}
+#: ``markov8``'s tables with targets that keep their history in the caches the loop rolls back
+#: (:mod:`.stateful`): one scenario per target kind, ``markov8-linear`` ... ``markov8-static``.
+STATEFUL = {kind: Scenario(
+    name=f"markov8-{kind}",
+    target=DEFAULT.target,
+    drafter=DEFAULT.drafter,
+    prompt=STATEFUL_PROMPT,
+    gamma=DEFAULT.gamma,
+    target_kind=kind,
+    description=f"markov8's tables and its prompt twice, a target with {_TARGET_KIND_TEXT[kind]} (generate and "
+                f"greedy modes)",
+) for kind in TARGET_KIND_NAMES}
+
 SCENARIOS = ScenarioRegistry(
     [DEFAULT, IID, FAST_TOKENIZERS, ID_ORDERED_VOCAB, BPE_FAST_TOKENIZERS, BPE_ID_ORDERED_VOCAB, LARGE_VOCAB,
-     MARKOV_BF16, LARGE_VOCAB_BF16, LARGE_VOCAB_FP16, PADDED_DRAFTER],
+     MARKOV_BF16, LARGE_VOCAB_BF16, LARGE_VOCAB_FP16, PADDED_DRAFTER, *STATEFUL.values()],
     {"lm49k": _lm49k},
 )

@@ -49,7 +49,7 @@ from lossless_check.evidence.analysis import position_tests, sequential_evidence
 from lossless_check.evidence.attribution import attribute, watching_verifier, without
 from lossless_check.evidence.results import Case, CaseResult, one_line
 from lossless_check.laws.expected import ExactLaws, GreedyLaws, processed
-from lossless_check.laws.stubs import fixed_logits_lm
+from lossless_check.laws.stateful import target_lm
 from lossless_check.laws.warpers import capture_processors
 from lossless_check.modes import loop_models
 from lossless_check.modes.observations import Generations
@@ -86,7 +86,8 @@ class GenerateCaseResult(CaseResult):
                             "reference: plain greedy decoding")
         if self.stopping_violations:
             parts.append(f"{self.stopping_violations} outputs break the length/EOS rules of plain sampling")
-        parts.append(f"{self.mean_rounds:.2f} rounds and {self.mean_new_tokens:.2f} tokens per generate() call")
+        if self.mean_rounds is not None:  # None: no sample finished (an error before any)
+            parts.append(f"{self.mean_rounds:.2f} rounds and {self.mean_new_tokens:.2f} tokens per generate() call")
         if self.filled_past_budget:
             parts.append(f"{self.filled_past_budget} samples drafted past max_new_tokens into positions where the "
                          f"scenario's processed laws have no token left (given zero logits there: never emitted, "
@@ -180,7 +181,7 @@ def _setup(case: Case, max_new_tokens: int) -> _Setup:
             target = loop_models.driving(target, case.generator.generator_class, loop_models.installed_class(family))
         return _Setup(target, kwargs, prompt_ids, config, law, _eos_ids(prepared), route=loop_models.route(family),
                       routing=routing)
-    plain = fixed_logits_lm(scenario.target, prompt_length=len(scenario.prompt))
+    plain = target_lm(scenario)
     greedy = family in loop_models.GREEDY_FAMILIES
     if greedy:
         processors, prepared = capture_processors(plain, prompt_ids, case.warpers, max_new_tokens, do_sample=False)
@@ -293,8 +294,9 @@ def skip_reason(case: Case) -> str | None:
     Skipped: a generator absent from the installed release; a drafter table the family cannot express
     (the adapter's ``drafter_kinds``); the ``tiny-llama`` scenario for a family other than the
     assistant-model and prompt-lookup ones (a factory included: it builds from the fixed-logits
-    stubs); and a release whose ``generate()`` never builds the family. A factory's generator is
-    built where ``generate()`` builds one (:func:`~.loop_models.drafting_with_factory`).
+    stubs); a target kind (``markov8-linear`` ...) the family cannot pair with or the release refuses
+    (:func:`~.loop_models.target_kind_reason`); and a release whose ``generate()`` never builds the family.
+    A factory's generator is built where ``generate()`` builds one (:func:`~.loop_models.drafting_with_factory`).
     """
     generator = case.generator
     name = generator.adapter.name
@@ -313,6 +315,10 @@ def skip_reason(case: Case) -> str | None:
             return f"the {scenario.name} scenario has a Llama assistant: it drives the assistant-model and prompt-lookup paths, not {name}"
     elif scenario.drafter.kind not in generator.adapter.drafter_kinds:
         return f"a {scenario.drafter.kind} drafter table cannot drive {name}"
+    if getattr(scenario, "target_kind", None) is not None:
+        reason = loop_models.target_kind_reason(name, scenario.target_kind)
+        if reason is not None:
+            return reason
     if getattr(case.scenario, "drafter_padding", 0) and not case.generator.adapter.padded_drafter:
         return (f"{case.generator.adapter.name} drafts through the target's own head or hidden states: a drafter "
                 f"head padded past the target's vocabulary does not apply to it")

@@ -49,6 +49,7 @@ import torch
 from transformers import GenerationMixin
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from lossless_check.laws.stateful import StatefulFixedLogitsLM, refusal, stateful_variant
 from lossless_check.laws.stubs import FixedLogitsLM, fixed_logits_lm
 from lossless_check.modes.wiring import drafting_with_factory, driving
 from lossless_check.subjects.adapters import DraftContext
@@ -199,7 +200,10 @@ class EarlyExitLoopLM(EarlyExitFixedLogitsLM):
 
 
 def _rebuilt(model, cls):
-    """``model`` (a fixed-logits stub) as an instance of ``cls``: same config, weights and generation config."""
+    """``model`` (a fixed-logits stub) as an instance of ``cls``: same config, weights and generation config.
+    A stateful ``model`` (:mod:`~lossless_check.laws.stateful`) stays stateful: ``cls`` reads its history as it does."""
+    if isinstance(model, StatefulFixedLogitsLM):
+        cls = stateful_variant(cls)
     rebuilt = cls(model.config).eval()
     rebuilt.load_state_dict(model.state_dict())
     rebuilt.generation_config = model.generation_config
@@ -290,6 +294,25 @@ def route(family: str) -> str:
     return FACTORY_ROUTE if family == FACTORY else ROUTES[family]
 
 
+#: Families whose generate-mode target cannot be one of the stateful targets (:mod:`~lossless_check.laws.stateful`), and why.
+NOT_ON_STATEFUL_TARGETS = {
+    EARLY_EXIT: "the target drafts with its own lower layers, and the early-exit stub (as the LayerSkip checkpoints "
+                "the family is for) is an attention model with a layer of keys per depth",
+    SINGLE_POSITION: "generate() builds it for a Gemma4 or Gemma3n target only, whose assistant reads the target's "
+                     "attention keys (shared_kv_states): the Gemma4 stub keeps its history in one full-attention layer",
+}
+
+
+def target_kind_reason(family: str, kind: str) -> str | None:
+    """Why ``family`` cannot run on a target of ``kind`` (``linear``, ``hybrid``, ``sliding``, ``static``) on
+    this install, or ``None``: the family cannot pair with it (:data:`NOT_ON_STATEFUL_TARGETS`), or the
+    installed release refuses the kind (:func:`~lossless_check.laws.stateful.refusal`): not applicable."""
+    if family in NOT_ON_STATEFUL_TARGETS:
+        return f"not applicable to a {kind} target: {NOT_ON_STATEFUL_TARGETS[family]}"
+    refused = refusal(kind)
+    return None if refused is None else f"not applicable: {refused}"
+
+
 def loop_models(family: str, ctx: DraftContext) -> LoopModels:
     """The models and ``generate()`` arguments that make ``generate()`` build ``family`` (a built-in name,
     or :data:`FACTORY`).
@@ -323,5 +346,6 @@ def routes_in_generate(family: str) -> bool | None:
     return f"{family}(" in source
 
 
-__all__ = ["FACTORY", "FAMILIES", "GREEDY_FAMILIES", "LoopModels", "ROUTES", "driving",
-           "drafting_with_factory", "installed_class", "loop_models", "route", "routes_in_generate"]
+__all__ = ["FACTORY", "FAMILIES", "GREEDY_FAMILIES", "LoopModels", "NOT_ON_STATEFUL_TARGETS", "ROUTES", "driving",
+           "drafting_with_factory", "installed_class", "loop_models", "route", "routes_in_generate",
+           "target_kind_reason"]

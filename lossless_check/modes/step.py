@@ -390,6 +390,8 @@ def skip_reason(case: Case) -> str | None:
         return (f"generate() builds {case.generator.adapter.name} for greedy decoding only (do_sample=False), and it "
                 f"returns no q: a sampling round of it is not one the real loop makes (generate mode checks it "
                 f"against plain greedy decoding)")
+    if getattr(case.scenario, "target_kind", None) is not None:  # one round from the prompt: nothing is rolled back
+        return f"the {case.scenario.name} target's state is rolled back in generate and greedy modes only"
     if case.scenario.drafter.kind not in case.generator.adapter.drafter_kinds:
         return f"a {case.scenario.drafter.kind} drafter table cannot drive {case.generator.adapter.name}"
     if getattr(case.scenario, "drafter_padding", 0) and not case.generator.adapter.padded_drafter:

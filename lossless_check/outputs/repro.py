@@ -58,6 +58,10 @@ def repro_unsupported(case: Case) -> str | None:
         return f"no standalone builder for {generator.adapter.name}: {why}; reproduce with lossless-check"
     if not hasattr(case.scenario, "drafter"):
         return f"the {case.scenario.name} scenario is not a fixed-logits one"
+    if case.scenario.target_kind is not None:
+        return (f"the script's table model keeps its history in one attention layer, not in a "
+                f"{case.scenario.target_kind} target's states (tiny Mamba2 and Qwen3-Next models: "
+                f"findings/stateful_rollback_one_state_short/repro.py)")
     if generator.adapter.name == "DFlashTokenCandidateGenerator" and case.scenario.drafter.kind == "markov":
         return "DFlash drafts a whole block in one pass: the script's block drafter reads iid or per_position tables"
     two_tokenizers = generator.adapter.name in TWO_TOKENIZER_FAMILIES

@@ -35,9 +35,8 @@ import torch
 from torch import nn
 
 from lossless_check.core.errors import NotApplicable
-from lossless_check.laws.stubs import (
-    DENSE_WEIGHTS_MAX_VOCAB, FixedLogitsConfig, FixedLogitsLM, RowSelectHead, fixed_logits_lm,
-)
+from lossless_check.laws.stateful import stateful_variant, target_lm
+from lossless_check.laws.stubs import DENSE_WEIGHTS_MAX_VOCAB, FixedLogitsConfig, FixedLogitsLM, RowSelectHead
 from lossless_check.subjects.adapters.base import (
     DraftContext, FunctionSession, GeneratorAdapter, Prefills, first_round_after_prefill, installed_release,
 )
@@ -219,9 +218,11 @@ def mtp_target_for(ctx: DraftContext, folder: str) -> FixedLogitsMtpLM:
                             f"path, dense up to vocabulary {DENSE_WEIGHTS_MAX_VOCAB}")
     from safetensors.torch import save_file
 
-    plain = fixed_logits_lm(scenario.target, prompt_length=len(scenario.prompt))
+    plain = target_lm(scenario)
     config = plain.config
     config.num_mtp_layers = scenario.gamma
+    if getattr(config, "layer_types", None) is not None:  # a stateful target: its MTP layers are attention layers
+        config.mtp_layer_types = ["full_attention"] * scenario.gamma
     config.mtp_table_kind = scenario.drafter.kind
     # An array: get_mtp_config() deep-copies the config (a list of lm49k's rows: seconds per copy).
     config.mtp_table_rows = scenario.drafter.rows
@@ -235,7 +236,7 @@ def mtp_target_for(ctx: DraftContext, folder: str) -> FixedLogitsMtpLM:
     config.dtype = scenario.drafter.torch_dtype
     config.name_or_path = folder
     save_file(mtp_checkpoint(config), os.path.join(folder, "model.safetensors"))
-    model = FixedLogitsMtpLM(config).eval()
+    model = (stateful_variant(FixedLogitsMtpLM) if scenario.target_kind else FixedLogitsMtpLM)(config).eval()
     model.generation_config = plain.generation_config
     # What from_pretrained records for a checkpoint that needs no renaming: MtpModel.from_pretrained
     # of 5.14-5.18 reads it from the main model (later releases fall back when it is absent).
