@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from fixtures.forced_draws import force_r_0_at_impossible_drafts
 from fixtures.releases import (

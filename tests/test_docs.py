@@ -25,7 +25,7 @@ from fixtures.readme import DOCS, LANGUAGES, PAGES, PLUGIN_PAGE, README, ROOT, b
 ALL = [block for page in PAGES for block in blocks(page)]
 #: At most this many blocks are not run: each says why in its marker (installs, the main job, the
 #: suite itself, placeholders for a user's own classes or checkpoints, a CI workflow).
-MOST_NOT_RUN = 11  # 11th: the plugin form of a model-pair check (a user's own checkpoints)
+MOST_NOT_RUN = 12  # 11th: the plugin form of a model-pair check (a user's own checkpoints); 12th: --transformers X with a user's class
 #: The README's two commands: the main job, and the test command .ci/run runs.
 MAIN_JOB = ("python -m pip install -q torch==2.13.0 -e . && lossless-check run --matrix default --workers 2 "
             "--json lossless-report.json")
@@ -59,7 +59,7 @@ def test_the_site_builds_strictly_with_every_generated_part(tmp_path):
     api = (site / "reference" / "api" / "index.html").read_text()
     for name in ("check", "run", "CaseResult", "RunResult", "fuzz", "FuzzResult", "check_models", "ModelsResult",
                  "warper_stacks"):
-        assert f'id="lossless_check.' in api and re.search(rf'id="lossless_check\.[\w.]*\b{name}"', api), name
+        assert 'id="lossless_check.' in api and re.search(rf'id="lossless_check\.[\w.]*\b{name}"', api), name
     assert ":class:" not in api and ":func:" not in api
     for path in _hook("repo_pages").mounted():
         page = site / path.replace("README.md", "index.html").replace(".md", "/index.html")

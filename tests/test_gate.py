@@ -69,18 +69,22 @@ def test_gate_runs_a_matrix_and_writes_reports(tmp_path):
     code = gate("DFlashTokenCandidateGenerator", tmp_path, matrix_name="smoke", samples=600)
     doc = json.loads((tmp_path / "report.json").read_text())
     # mode "all": step statistics with the provenance sub-verdict beside them; then the real generate() loop;
-    # then greedy mode's exact row for the generator (DFlash: none on the tiny Llamas); the verifier's row last.
+    # then greedy mode's exact row for the generator (DFlash: none on the tiny Llamas); the options row (exact:
+    # what generate() returns beside the tokens); the verifier's row last.
     step = [c for c in doc["cases"] if c["mode"] == "step"]
     assert len(step) == 3 and all(c["provenance"] for c in step)
     # The stateful targets (markov8-linear ...) run in generate and greedy mode after each mode's own rows.
     stateful = {f"markov8-{kind}" for kind in TARGET_KIND_NAMES}
     modes = [c["mode"] for c in doc["cases"]]
     assert [m for m, c in zip(modes, doc["cases"]) if c["scenario"] not in stateful] == (
-        ["step"] * 3 + ["generate"] * 3 + ["greedy", "verifier"])
+        ["step"] * 3 + ["generate"] * 3 + ["greedy", "options", "verifier"])
     assert {c["scenario"] for c in doc["cases"] if c["mode"] in ("generate", "greedy")} >= stateful
     # The exit code is the generator's: the verifier's row is reported beside its cases, not as one of them.
     assert [c["subject"] for c in doc["cases"]] == [m != "verifier" for m in modes]
-    assert [c["verdict"] for c in doc["cases"] if c["subject"]] == ["lossless"] * 7 and code == 0
+    assert [c["verdict"] for c in doc["cases"] if c["subject"] and c["scenario"] not in stateful] == ["lossless"] * 8
+    # A stateful row is checked, or not applicable where the release refuses the kind: never a pass by default.
+    assert all(c["verdict"] == "lossless" or (c["verdict"] == "skipped" and c["reason"].startswith("not applicable"))
+               for c in doc["cases"] if c["scenario"] in stateful) and code == 0
     assert (tmp_path / "report.html").read_text().startswith("<!doctype html>")
 
 

@@ -88,9 +88,9 @@ def test_vacuous_cases_are_never_lossless_and_get_no_alpha():
     assert partly.informative_positions == [1, 3] and "evidence from positions 1, 3 only" in partly.reason
     assert plain.informative_positions == [1, 2, 3, 4] and "evidence from" not in plain.reason
     assert run.counts()["vacuous"] == 2
-    # DFlash and prompt lookup were not checked at all (every case skipped): no answer for them, so exit 5.
+    # DFlash and DifferentTokenizers were not checked at all (every case skipped): no answer for them, so exit 5.
     assert run.exit_code == 5 and set(run.unchecked()) == {"DFlashTokenCandidateGenerator",
-                                                           "PromptLookupCandidateGenerator"}
+                                                           "AssistedCandidateGeneratorDifferentTokenizers"}
 
 
 @needs(DFLASH)

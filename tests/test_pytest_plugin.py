@@ -271,8 +271,8 @@ def test_a_downstream_test_checks_its_own_model_pair(pytester, tmp_path_factory,
         "*= lossless-check: 2 checks, family alpha 1e-06, seed 0 =*",
         f"lossless     AssistedCandidateGenerator [[]top_k=50[]] models {target} / {assistant}: exact consistent, "
         f"16 tokens bet on, 0/4 greedy outputs differ  alpha *  test_own_pair.py::test_builtin_assisted_pair",
-        f"not_lossless AssistedReturnsRawLogits [[]top_k=50[]] models * exact inconsistent, *"
-        f"test_own_pair.py::test_raw_logits_mutant_pair",
+        "not_lossless AssistedReturnsRawLogits [[]top_k=50[]] models * exact inconsistent, *"
+        "test_own_pair.py::test_raw_logits_mutant_pair",
     ])
     cases = json.loads(report.read_text())["cases"]
     assert [(c["test"].split("::")[1], c["mode"], c["verdict"], c["alpha_case"]) for c in cases] == [

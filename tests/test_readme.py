@@ -28,8 +28,8 @@ def test_the_package_exports_the_public_api_lazily():
             "assert hasattr(lc.strategies, 'warper_stacks'); print(sorted(lc.__all__))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == ("['CaseResult', 'FuzzResult', 'ModelsResult', 'RunResult', 'check', 'check_models', "
-                                   "'fuzz', 'run', 'strategies']")
+    assert done.stdout.strip() == ("['CaseResult', 'FuzzResult', 'ModelsResult', 'RunResult', 'SamplerReport', 'check', "
+                                   "'check_models', 'check_sampler', 'fuzz', 'run', 'strategies']")
 
 
 # heavy (.ci/run's first step; issue 41): 20 s or more in the suite (26 s on 2 cores).

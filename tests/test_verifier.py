@@ -81,12 +81,17 @@ def test_a_check_fails_on_a_verifier_that_ignores_q(monkeypatch):
 
     from lossless_check.core import compat
 
-    compat.speculative_sampling.cache_clear()
+    def forget_the_installed_one():  # both caches: the function compat calls, and the call wrapped around it
+        compat.installed_verifier.cache_clear()
+        compat.speculative_sampling.cache_clear()
+
+    forget_the_installed_one()
     monkeypatch.setattr(utils, "_speculative_sampling", from_p)
     try:
         failing = {c.name for c in verify().checks if not c.passed}
     finally:
-        compat.speculative_sampling.cache_clear()
+        monkeypatch.undo()
+        forget_the_installed_one()
     assert "r above p/q rejects" in failing
 
 

@@ -104,9 +104,7 @@ class CaseResult:
     provenance: dict | None = None  # provenance sub-verdict (modes provenance and all)
     log_e_value: float | None = None  # sequential runs: natural log of the largest anytime e-value seen
     batch: dict | None = None  # step mode: how trials were batched (batch size, why, batch-1 replays)
-    # Step mode: what the generator was built with that the run does not choose (Universal: the
-    # assistant ids of the shared words in the order its translator's pruned head holds them).
-    generator_facts: dict | None = None
+    generator_facts: dict | None = None  # step mode: what the generator was built with (Universal's shared ids)
     # Positions whose trials met a law that is not a point mass: the ones carrying evidence about q
     # (None: no law test, e.g. a greedy reference). Empty: the case is vacuous.
     informative_positions: list[int] | None = None
@@ -125,9 +123,7 @@ class CaseResult:
     # "verifier" | "generator", "position", "trials", ...}``; verifier-caused trials are set aside.
     exact_failures: list[dict] = field(default_factory=list)
     verifier_set_aside: int = 0
-    # Whether the run asked about this row: False for the installed verifier's row in a run whose
-    # subjects are named generators (reported beside them; it never sets the exit code).
-    subject: bool = True
+    subject: bool = True  # False: a row beside the run's subjects (the verifier's, for named generators)
     # Greedy mode: what was compared with plain greedy decoding, what the loop did, the first difference.
     greedy_equivalence: dict | None = None
     # The user's sampler (module:function) that replaced the installed _speculative_sampling (run --sampler).
@@ -340,15 +336,13 @@ class RunResult:
         """Subjects none of whose cases was checked, each with why (its cases' verdicts and reasons)."""
         from lossless_check.core.exit_codes import CHECKED
 
+        from collections import Counter
+
         out = {}
         for name, verdicts in self._by_subject().items():
-            if set(verdicts) & set(CHECKED):
-                continue
-            cases = [c for c in self.subjects if c.generator == name]
-            reasons: dict[str, int] = {}
-            for c in cases:
-                reasons[f"{c.verdict} ({c.mode}): {c.reason}"] = reasons.get(f"{c.verdict} ({c.mode}): {c.reason}", 0) + 1
-            out[name] = "; ".join(f"{n} x {why}" if n > 1 else why for why, n in reasons.items())
+            if not set(verdicts) & set(CHECKED):
+                reasons = Counter(f"{c.verdict} ({c.mode}): {c.reason}" for c in self.subjects if c.generator == name)
+                out[name] = "; ".join(f"{n} x {why}" if n > 1 else why for why, n in reasons.items())
         return out
 
     def counts(self) -> dict[str, int]:

@@ -133,7 +133,7 @@ def check_models(target: str, assistant: str, generators=None, warpers=None, pro
     statistical check could not have seen a departure of per-position TV
     :data:`~lossless_check.modes.models.pair.MAX_DETECTABLE_TV` is ``inconclusive``.
     """
-    from lossless_check.faces.api import _stacks
+    from lossless_check.faces.case_lists import _stacks
     from lossless_check.modes.models.loading import (
         check_checkpoint_dir,
         check_prompts_file,
