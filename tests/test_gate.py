@@ -10,7 +10,7 @@ from lossless_check.faces.gate import gate, to_html, to_markdown, write_reports
 from lossless_check.laws.scenarios import TARGET_KIND_NAMES
 from lossless_check.outputs.report import to_json
 from lossless_check.evidence.results import CaseResult, RunResult
-from fixtures.releases import DFLASH, needs
+from fixtures.releases import DFLASH, STATIC_CACHE_OVERFLOWS, needs, within
 
 pytest.importorskip("matplotlib")
 
@@ -83,8 +83,15 @@ def test_gate_runs_a_matrix_and_writes_reports(tmp_path):
     assert [c["subject"] for c in doc["cases"]] == [m != "verifier" for m in modes]
     assert [c["verdict"] for c in doc["cases"] if c["subject"] and c["scenario"] not in stateful] == ["lossless"] * 8
     # A stateful row is checked, or not applicable where the release refuses the kind: never a pass by default.
-    assert all(c["verdict"] == "lossless" or (c["verdict"] == "skipped" and c["reason"].startswith("not applicable"))
-               for c in doc["cases"] if c["scenario"] in stateful) and code == 0
+    # On a static cache DFlash drafts past its end where the release lets it run there (a finding: the call raises).
+    overflows = within(STATIC_CACHE_OVERFLOWS)
+    for c in doc["cases"]:
+        if c["scenario"] == "markov8-static" and overflows:
+            assert c["verdict"] == "error" and "index_copy_" in c["reason"], c["reason"]
+        elif c["scenario"] in stateful:
+            assert c["verdict"] == "lossless" or (c["verdict"] == "skipped" and c["reason"].startswith(
+                "not applicable")), c["reason"]
+    assert code == (1 if overflows else 0)
     assert (tmp_path / "report.html").read_text().startswith("<!doctype html>")
 
 
