@@ -59,8 +59,9 @@ def test_unreached_branch_of_a_user_generator_shows_in_the_gate_report(tmp_path)
     from lossless_check.faces.gate import gate
 
     spec = "fixtures.coverage_user:BranchyPromptLookup"
+    # On markov8 alone: prompt lookup's markov8-static rows meet static_cache_drafts_past_max_length (5.24-5.25).
     code = gate(spec, tmp_path, matrix_name="smoke", modes=("generate",), samples=40, generate_samples=40,
-                verifier=False, coverage=True)
+                verifier=False, coverage=True, scenario="markov8")
     assert code in (0, 5)  # 40 samples: lossless or inconclusive, never failing
     doc = json.loads((tmp_path / "coverage.json").read_text())
     functions = {f["function"]: f for file in doc["files"] for f in file["functions"]}

@@ -54,9 +54,11 @@ class RaceDrafter(AssistedCandidateGenerator):
 
     def _generate_candidates(self, generation_args):
         ids = generation_args[self.input_ids_key]
+        # An encoder-decoder assistant (generate() routes one here too) reads its encoder's outputs as well.
+        encoder = {k: v for k, v in self.assistant_kwargs.items() if k == "encoder_outputs"}
         scores, noise = [], None
         for _ in range(generation_args["max_new_tokens"]):
-            logits = self.assistant_model(ids).logits[:, -1, :].float()
+            logits = self.assistant_model(**{self.input_ids_key: ids}, **encoder).logits[:, -1, :].float()
             for processor in self.logits_processor:
                 logits = processor(ids, logits)
             probs = logits.softmax(-1)
@@ -206,7 +208,9 @@ def test_a_downstream_project_from_the_wheel(tmp_path):
     gate_ok_rc, gate_ok_out, err = done["gate-ok"]
     assert all((project / "gate-race" / name).is_file() for name in reports), gate_ok_out + err[-2000:]
     race = json.loads((project / "gate-race" / "report.json").read_text())["cases"]
-    assert {c["verdict"] for c in race if c["generator"] == "RaceDrafter"} == {"lossless"}, gate_ok_out
+    # Lossless wherever it ran; the stateful targets the installed release refuses are not applicable.
+    assert {c["verdict"] for c in race if c["generator"] == "RaceDrafter" and not c["reason"].startswith(
+        "not applicable")} == {"lossless"}, gate_ok_out
     rc, out, err = done["gate-bug"]
     assert rc == 1, out + err[-2000:]
     assert all((project / "gate-shared-noise" / name).is_file() for name in reports), out + err[-2000:]

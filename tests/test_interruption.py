@@ -229,8 +229,10 @@ def test_a_gate_with_generate_mode_cases_killed_midway_resumes_to_the_uninterrup
     running = lossless_check(*args, "--out", str(out), start_new_session=True)
     deadline = time.monotonic() + 300
     journal, chunks = out / "journal.jsonl", out / "journal.chunks"
-    # The generate-mode cases start first (longest first); stop with some finished, others midway.
-    while not (journal.exists() and len(journal.read_text().splitlines()) >= 3 and kept_chunks(chunks) >= 1):
+    # The generate-mode cases start first (longest first; the options row is quick); stop with one of them
+    # finished, others midway.
+    while not (journal.exists() and len(journal.read_text().splitlines()) >= 3 and kept_chunks(chunks) >= 1
+               and '"mode": "generate"' in journal.read_text()):
         assert running.poll() is None and time.monotonic() < deadline, finish(running)
         time.sleep(0.1)
     code, output = kill(running, how)
