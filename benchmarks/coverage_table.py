@@ -166,13 +166,17 @@ def main() -> int:
                     f"{sum(times[True]) / 2:.0f} s "
                     f"with, ratio {ratio:.2f}.")
         print(overhead, file=sys.stderr)
+    report = combined_report(dirs, args.out)
+    if not any(f.total("run") for f in report.files):  # data of other paths: a page of 0% would be a false figure
+        sys.exit(f"coverage_table: the gates' data in {args.out} ran none of the files in scope here "
+                 f"({', '.join(f.module for f in report.files)}): made by another checkout's release environment? "
+                 f"Run the gates again from this checkout (without --combine-only).")
     if args.agreement:
         said = agreement(external_gate(sys.executable, args.agreement, args.out, args.matrix),
                          args.out / args.agreement / "coverage.data")
         overhead += (f"\n\nAgreement with coverage.py's own `coverage run` of the gate of `{args.agreement}` (one "
                      f"process) and the gate's report ({args.workers} workers): {said}.")
         print(said, file=sys.stderr)
-    report = combined_report(dirs, args.out)
     command = (f"python benchmarks/coverage_table.py --transformers {release} --matrix {args.matrix} --workers "
                f"{args.workers}" + (f" --overhead {args.overhead}" if args.overhead else "")
                + (f" --agreement {args.agreement}" if args.agreement else "")
