@@ -55,8 +55,10 @@ def import_cycles(source: Path) -> list[list[str]]:
 
 def layers_contract(source: Path) -> subprocess.CompletedProcess:
     """import-linter's verdict on the layers contract in ``source``/pyproject.toml (exit 0: kept)."""
-    lint = Path(sys.executable).with_name("lint-imports")
-    return subprocess.run([str(lint), "--config", str(source / "pyproject.toml"), "--no-cache"], cwd=source,
+    # The console script's own entry, run by this interpreter: a release environment of
+    # tests/run_on_release.py sees this environment's packages but has no ``lint-imports`` script.
+    lint = [sys.executable, "-c", "from importlinter.cli import lint_imports_command; lint_imports_command()"]
+    return subprocess.run([*lint, "--config", str(source / "pyproject.toml"), "--no-cache"], cwd=source,
                           env=_env(source), capture_output=True, text=True, timeout=300)
 
 

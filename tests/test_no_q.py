@@ -13,7 +13,13 @@ import pytest
 import torch
 
 from fixtures.mutants.no_q import POSITIONS_SCENARIO
-from fixtures.releases import CROPPED_CACHE_REFILLED, PROMPT_LOOKUP_CRASHES_WITHOUT_EOS, assisted_samples, within
+from fixtures.releases import (
+    CROPPED_CACHE_REFILLED,
+    LOOP_READS_NUM_DRAFTING_TOKENS,
+    PROMPT_LOOKUP_CRASHES_WITHOUT_EOS,
+    assisted_samples,
+    within,
+)
 from lossless_check.evidence.results import Case
 from lossless_check.faces.api import run_cases as run
 from lossless_check.laws.scenarios import DEFAULT, IID, Scenario
@@ -189,3 +195,30 @@ def test_a_factory_is_lossless_in_generate_mode_and_a_greedy_one_is_not():
     greedy = one("fixtures.factories:greedy_with_softmax_q", "generate", IID, samples=300, warpers={"top_k": 3})
     assert honest.verdict == "lossless" and honest.route.startswith("assistant_model="), honest.reason
     assert greedy.verdict == "not_lossless", greedy.reason
+
+
+def test_a_generator_without_num_drafting_tokens_is_an_error_where_the_loop_reads_it():
+    """5.25's loop reads ``num_drafting_tokens`` of every generator, and the base class does not define it: a
+    generator of one's own written for 5.24 is ``error`` there (what its users would get), never a pass; the
+    same generator declaring it passes (the test above). Before 5.25 nothing reads it."""
+    from transformers.generation.candidate_generator import CandidateGenerator
+
+    from fixtures.mutants.no_q import TableDrafter
+
+    class Undeclared(CandidateGenerator):
+        def __init__(self, ctx):
+            self.drafter = TableDrafter(ctx)
+
+        def get_candidates(self, input_ids, *args, **kwargs):
+            return self.drafter.get_candidates(input_ids)
+
+        def update_candidate_strategy(self, input_ids, scores, num_matches):
+            pass
+
+    case = Case(ResolvedGenerator("Undeclared", FactoryAdapter(Undeclared), Undeclared), {}, "greedy",
+                POSITIONS_SCENARIO, 4)
+    result = run([case], 300, ALPHA, seed=0, sequential=True).cases[0]
+    if within(LOOP_READS_NUM_DRAFTING_TOKENS):
+        assert result.verdict == "error" and "num_drafting_tokens" in result.reason
+    else:
+        assert result.verdict == "lossless", result.reason

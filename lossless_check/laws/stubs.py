@@ -320,12 +320,11 @@ class FixedLogitsLM(*((_LegacyGenerationInputs,) if LEGACY_GENERATION else ()), 
         if kept:
             positions, previous = positions[:, -kept:], previous[:, -kept:]
         logits = self.table_logits(positions + 1, previous)
+        # A real decoder's hidden states cover every token it was given, whatever logits_to_keep asks
+        # (5.25's _assisted_decoding finds their sequence dimension by the input's length).
+        hidden_states = (logits, logits) if output_hidden_states else None
         if logits_to_keep and not kept:
             logits = logits[:, -logits_to_keep:]
-        hidden = logits
-        hidden_states = None
-        if output_hidden_states:
-            hidden_states = (hidden, hidden)
         if legacy and past_key_values is not None:
             past_key_values = past_key_values.to_legacy_cache()
         return CausalLMOutputWithPast(
