@@ -27,7 +27,7 @@ ALL = [block for page in PAGES for block in blocks(page)]
 #: suite itself, placeholders for a user's own classes or checkpoints, a CI workflow).
 MOST_NOT_RUN = 12  # 11th: the plugin form of a model-pair check (a user's own checkpoints); 12th: --transformers X with a user's class
 #: The README's two commands: the main job, and the test command .ci/run runs.
-MAIN_JOB = ("python -m pip install -q torch==2.13.0 -e . && lossless-check run --matrix default --workers 2 "
+MAIN_JOB = ("python -m pip install -q torch==2.13.0 -e '.[tested]' && lossless-check run --matrix default --workers 2 "
             "--json lossless-report.json")
 
 
