@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -35,8 +36,8 @@ from fixtures.readme import PLUGIN_PAGE, api_example, assert_api_example_output,
 pytestmark = [pytest.mark.slow, pytest.mark.downstream, pytest.mark.heavy]
 
 CHECKOUT = Path(__file__).resolve().parents[1]
-#: The README test extra's transformers: the expectations below (and the suite's) were examined there.
-TRANSFORMERS = "transformers==5.24.0"
+#: The transformers both README commands install (the ``tested`` extra), as a downstream project would pin it.
+TRANSFORMERS = tomllib.loads((CHECKOUT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["tested"][0]
 
 DRAFTERS = '''
 """mydraft's drafters: the assistant's processed next-token law, sampled by an exponential race."""
