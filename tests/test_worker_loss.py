@@ -88,7 +88,8 @@ def test_a_worker_killed_midway_costs_its_case_a_rerun_not_the_run(marker, capsy
     assert {r.verdict for r in killed.cases} == {"lossless"} and not uninterrupted.workers_lost
     died = [loss for loss in killed.workers_lost if "signal 9" in loss["reason"]]
     assert len(died) == 1 and died[0]["redone"] and died[0]["case"].startswith(ONCE), killed.workers_lost
-    assert "a worker was lost (worker killed by signal 9 (SIGKILL: out of memory?)) running " in capsys.readouterr().err
+    assert (f"lossless-check: a worker was lost: {died[0]['case']} runs again (worker killed by signal 9 (SIGKILL: out "
+            "of memory?))") in capsys.readouterr().err
 
 
 @pytest.mark.heavy

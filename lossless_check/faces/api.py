@@ -107,8 +107,8 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
         case = cases[todo[loss.index]]
         workers_lost.append({**loss.to_dict(), "index": todo[loss.index], "case": case.key})
         where = case.key + ("" if loss.chunk is None else f", chunk {loss.chunk}")
-        print(f"lossless-check: a worker was lost ({loss.reason}) running {where}: "
-              f"{'run again' if loss.redone else 'not run again: the case is an error'}", file=sys.stderr)
+        again = "runs again" if loss.redone else "is not run again: the case is an error"
+        print(f"lossless-check: a worker was lost: {where} {again} ({loss.reason})", file=sys.stderr)
         return case.result(verdict="error", reason=f"{loss.reason} running this case; not run again")
 
     try:
