@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from lossless_check.outputs.report import without_timings  # noqa: E402
+from lossless_check.outputs.report import without_timings
 
 COMMAND = ["run", "--generator", "AssistedCandidateGenerator", "--matrix", "default", "--workers", "2", "--quiet",
            "--no-verifier"]
@@ -67,7 +67,7 @@ def main() -> int:
         full_json, killed_json = Path(work) / "full.json", Path(work) / "killed.json"
         started = time.perf_counter()
         full = start(command + ["--json", str(full_json)])
-        full_out, full_err = full.communicate()
+        full.communicate()
         full_seconds = time.perf_counter() - started
 
         started = time.perf_counter()
@@ -77,12 +77,13 @@ def main() -> int:
         assert workers and killed.poll() is None, "the run ended, or has no pool, before the kill"
         os.kill(workers[0][1], signal.SIGKILL)
         killed_at = time.perf_counter() - started
-        killed_out, killed_err = killed.communicate()
+        killed_err = killed.communicate()[1]
         killed_seconds = time.perf_counter() - started
 
         uninterrupted, after_kill = json.loads(full_json.read_text()), json.loads(killed_json.read_text())
-        rows = lambda doc: [(c["verdict"], c["samples"], c["p_value"], c.get("p_value_adjusted"))  # noqa: E731
-                            for c in doc["cases"]]
+        def rows(doc: dict) -> list[tuple]:
+            return [(c["verdict"], c["samples"], c["p_value"], c.get("p_value_adjusted")) for c in doc["cases"]]
+
         figures = {
             "command": "lossless-check " + " ".join(command), "cases": len(uninterrupted["cases"]),
             "full": {"exit": full.returncode, "seconds": round(full_seconds, 1)},
