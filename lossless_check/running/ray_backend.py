@@ -22,7 +22,7 @@ from concurrent.futures import Future
 from typing import Callable
 
 from lossless_check.core.errors import UsageError
-from lossless_check.running.worker_loss import RETRIES, WorkerLost
+from lossless_check.running.worker_loss import RETRIES, WorkerLost, translated
 from lossless_check.running.workers import init_worker, one_thread
 
 #: Ray's errors for a task whose worker or node died (after its retries): each a :class:`WorkerLost`.
@@ -145,24 +145,15 @@ class RayEngine:
 def _lost_worker_translated(inner: Future, lost_worker_errors: tuple[type, ...]) -> Future:
     """``inner``, with Ray's error for a task whose worker died :data:`RETRIES` + 1 times turned into a final
     :class:`WorkerLost` (the scheduler makes it its case's ``error``)."""
-    outer: Future = Future()
 
-    def done(future: Future) -> None:
-        if future.cancelled():
-            outer.cancel()
-            return
-        error = future.exception()
-        if isinstance(error, lost_worker_errors):
-            first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
-            error = WorkerLost(f"Ray worker lost ({type(error).__name__}: {first_line[:200]}) {RETRIES + 1} times",
-                               culprit=True, final=True)
-        if error is not None:
-            outer.set_exception(error)
-        else:
-            outer.set_result(future.result())
+    def lost(error: BaseException) -> BaseException:
+        if not isinstance(error, lost_worker_errors):
+            return error
+        first_line = (str(error).strip().splitlines() or [""])[0]
+        return WorkerLost(f"Ray worker lost ({type(error).__name__}: {first_line[:200]}) {RETRIES + 1} times",
+                          culprit=True, final=True)
 
-    inner.add_done_callback(done)
-    return outer
+    return translated(inner, lost)
 
 
 def check_backend(args) -> None:

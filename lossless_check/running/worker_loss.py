@@ -21,6 +21,7 @@ import time
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 #: Times a task runs again after the worker running it died; one more death makes it its case's ``error``.
 RETRIES = 2
@@ -90,6 +91,23 @@ def on_board(task_id: int, task, *args):
             slots[index] = 0
 
 
+def translated(inner: Future, translate: Callable[[BaseException], BaseException]) -> Future:
+    """``inner``'s outcome, its exception replaced by ``translate(exception)`` (as it completes, in the thread
+    that completes it)."""
+    outer: Future = Future()
+
+    def done(future: Future) -> None:
+        if future.cancelled():
+            outer.cancel()
+        elif future.exception() is not None:
+            outer.set_exception(translate(future.exception()))
+        else:
+            outer.set_result(future.result())
+
+    inner.add_done_callback(done)
+    return outer
+
+
 class PoolWatch:
     """One pool's board and, once the pool breaks, which tasks its dead processes were running and why."""
 
@@ -103,23 +121,14 @@ class PoolWatch:
     def track(self, inner: Future, task_id: int) -> Future:
         """The future of task ``task_id`` (submitted as :func:`on_board`), with a ``BrokenProcessPool`` turned into
         :class:`WorkerLost`."""
-        outer: Future = Future()
 
-        def done(future: Future) -> None:
-            if future.cancelled():
-                outer.cancel()
-                return
-            error = future.exception()
-            if isinstance(error, BrokenProcessPool):
-                reason = self._culprits().get(task_id)
-                error = WorkerLost(reason or "its pool was replaced after a worker was lost", reason is not None)
-            if error is not None:
-                outer.set_exception(error)
-            else:
-                outer.set_result(future.result())
+        def lost(error: BaseException) -> BaseException:
+            if not isinstance(error, BrokenProcessPool):
+                return error
+            reason = self._culprits().get(task_id)
+            return WorkerLost(reason or "its pool was replaced after a worker was lost", reason is not None)
 
-        inner.add_done_callback(done)
-        return outer
+        return translated(inner, lost)
 
     def attributed(self) -> bool:
         """Whether the pool broke because a worker died running a task (not, say, in its initializer)."""
