@@ -77,7 +77,7 @@ def test_without_attribution_the_same_run_blames_the_generator(r_zero_at_impossi
 
 @needs(DFLASH)
 def test_a_generator_with_a_wrong_q_stays_not_lossless_with_cause_generator():
-    cases = cases_for(["fixtures.mutants.dflash_vocabulary:DFlashTruncatedVocabQ"], "none", None, "step", "iid8")
+    cases = cases_for(["lossless_check.mutants.dflash_vocabulary:DFlashTruncatedVocabQ"], "none", None, "step", "iid8")
     result = run_cases(cases, 1000, 1e-6, 0).cases[0]
     assert result.verdict == "not_lossless" and "impossible_draft" in result.failed_checks
     assert result.verifier_set_aside == 0

@@ -10,7 +10,7 @@ from lossless_check.laws.matrix import available_catalog, matrix
 from lossless_check.laws.scenarios import DEFAULT
 from fixtures.releases import DECAY_PENALTY_NAN_AFTER_MASKED_EOS, DFLASH, needs, within
 
-MUTANT = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
+MUTANT = "lossless_check.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
 
 
 @pytest.mark.parametrize(
@@ -19,7 +19,7 @@ MUTANT = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
         (["run", "--warpers", "top_k=banana"], "not a number"),
         (["run", "--generator", "NoSuchGenerator"], "unknown generator"),
         (["run", "--generator", "no_such_module:Thing"], "cannot import module"),
-        (["run", "--generator", "fixtures.mutants.assisted_greedy_draft:Nope"], "has no attribute"),
+        (["run", "--generator", "lossless_check.mutants.assisted_greedy_draft:Nope"], "has no attribute"),
         (["run", "--alpha", "2"], "strictly between 0 and 1"),
         (["run", "--samples", "0"], "at least 1"),
         (["run", "--scenario", "nope"], "unknown scenario"),

@@ -138,6 +138,10 @@ def _build_wheel(tmp: Path) -> Path:
     return wheel
 
 
+#: A shipped negative control (lossless_check/mutants), run by name as a user's generator would be.
+RAW_LOGITS_MUTANT = "lossless_check.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
+
+
 def _install(tmp: Path, project: Path, wheel: Path) -> Path:
     """A fresh virtualenv with the README's command for a requirements file; returns its bin directory."""
     venv = tmp / "venv"
@@ -188,7 +192,11 @@ def test_a_downstream_project_from_the_wheel(tmp_path):
         "readme-plugin": _start([str(bin_dir / "pytest"), "-q", "-p", "no:cacheprovider", "test_drafter.py"],
                                 readme_plugin),
         "api": _start([str(bin_dir / "python"), api_name], tmp_path / "api"),
-        "mutants": _start([lc, "mutants"], project),
+        # The negative controls ship in the wheel: the self-test (at fewer trials than its default, every mutant
+        # still judged right: 30 s on one core), and one mutant run as a generator.
+        "mutants": _start([lc, "mutants", "--samples", "2000", "--json", "mutants.json"], project),
+        "mutant-run": _start([lc, "run", "--generator", RAW_LOGITS_MUTANT, "--warpers", "top_k=2", "--scenario", "iid8",
+                              "--samples", "2000", "--no-verifier", "--json", "mutant-run.json"], project),
     }
     done = {name: _finish(process) for name, process in running.items()}
 
@@ -236,9 +244,15 @@ def test_a_downstream_project_from_the_wheel(tmp_path):
     assert rc == 0, err[-3000:]
     assert_api_example_output(out)
 
-    # The mutation self-test's mutants are the checkout's fixtures: from the wheel, one line saying so.
+    # The mutation self-test from the wheel alone: every mutant the installed release can run is judged right.
     rc, out, err = done["mutants"]
-    assert rc == 2 and "runs from a lossless-check checkout" in err and "Traceback" not in err, out + err
+    rows = json.loads((project / "mutants.json").read_text())
+    assert rc == 0 and "mutants judged right" in out and "Traceback" not in err, out[-3000:] + err[-2000:]
+    ran = [row for row in rows if row["correct"] is not None]
+    assert ran and all(row["correct"] for row in ran) and any(row["caught"] for row in ran), rows
+    rc, out, err = done["mutant-run"]
+    cases = json.loads((project / "mutant-run.json").read_text())["cases"]
+    assert rc == 1 and [c["verdict"] for c in cases] == ["not_lossless"], out[-3000:] + err[-2000:]
 
     # Last, as it rests on issue #37's exit codes: the correct drafter's gate exits 0, the installed
     # verifier's state (r <= p/q on 5.24.0) reported beside it, not failing a gate whose subject it is not.

@@ -33,8 +33,8 @@ from fixtures.releases import DFLASH, needs
 GENERATOR = "DFlashTokenCandidateGenerator"
 #: Negative controls: wrong under (almost) any warper, and wrong only under one warper.
 MUTANTS = [
-    "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits",
-    "fixtures.mutants.dflash_repetition_penalty:DFlashDraftIgnoresRepetitionPenalty",
+    "lossless_check.mutants.dflash_raw_logits:DFlashReturnsRawLogits",
+    "lossless_check.mutants.dflash_repetition_penalty:DFlashDraftIgnoresRepetitionPenalty",
 ]
 #: Family-wise false-failure rate of the statistical property (the harness default).
 ALPHA_FAMILY = 1e-6

@@ -170,7 +170,8 @@ def test_without_matplotlib_the_gate_writes_its_reports_and_says_plots_need_it(t
     out = tmp_path / "gate"
     script = ("import sys; sys.modules['matplotlib'] = None  # import matplotlib raises ImportError\n"
               "from lossless_check.faces.cli import main\n"
-              f"sys.exit(main(['gate', '--generator', 'fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits', "
+              "sys.exit(main(['gate', '--generator', "
+              "'lossless_check.mutants.dflash_raw_logits:DFlashReturnsRawLogits', "
               f"'--matrix', 'smoke', '--scenario', 'iid8', '--samples', '2000', '--generate-samples', '100', "
               f"'--out', {str(out)!r}, '--quiet']))\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}

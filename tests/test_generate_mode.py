@@ -214,7 +214,7 @@ def test_generate_cases_give_the_same_results_on_any_number_of_workers():
 # ------------------------------------------------------------------------------------------------
 # Every family through the real generate(), with its verdict on the installed release
 
-RAW_LOGITS_DFLASH = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
+RAW_LOGITS_DFLASH = "lossless_check.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
 
 #: Built-in generators that are not lossless in generate mode under top_k=3, as release spans
 #: [first affected, first fixed) (None: not fixed in any release checked, up to 5.24).

@@ -96,7 +96,7 @@ def test_vacuous_cases_are_never_lossless_and_get_no_alpha():
 @needs(DFLASH)
 def test_an_exact_failure_in_a_vacuous_case_is_not_lossless():
     """q laid out one token off: under a point-mass target every draft has returned q = 0."""
-    mutant = resolve_generator("fixtures.mutants.dflash_vocabulary:DFlashPermutedVocabQ")
+    mutant = resolve_generator("lossless_check.mutants.dflash_vocabulary:DFlashPermutedVocabQ")
     result = run_cases([Case(mutant, VACUOUS)], 300, ALPHA, 0).cases[0]
     assert result.verdict == "not_lossless" and "impossible_draft" in result.failed_checks
     assert "point mass at every reachable prefix" in result.reason

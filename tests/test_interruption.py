@@ -149,7 +149,7 @@ def test_a_split_case_killed_midway_resumes_from_its_finished_chunks(tmp_path, h
     run ends with the uninterrupted report."""
     # The mutant first: of two cases of equal estimate the first runs whole (two cases, two workers),
     # and stops within a few hundred trials; the second, lossless, splits (one case left, two workers).
-    args = ["run", "--generator", "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits", "--generator",
+    args = ["run", "--generator", "lossless_check.mutants.dflash_raw_logits:DFlashReturnsRawLogits", "--generator",
             "DFlashTokenCandidateGenerator", "--warpers", "top_k=3", "--scenario", "iid8", "--samples", "48000",
             "--workers", "2", "--quiet", "--no-verifier", "--table", "full"]
     report, journal = tmp_path / "r.json", tmp_path / "r.json.journal.jsonl"

@@ -138,7 +138,7 @@ def test_text_prompts_go_through_the_tokenizer_beside_the_target(pair, tmp_path)
 def test_greedy_negative_control(pair, tmp_path):
     """A generator that strips the repetition penalty from the target's processors: greedy outputs differ."""
     code, report = _run(pair, tmp_path, "--generator",
-                        "fixtures.mutants.greedy_mutants:AssistedDraftsWithoutRepetitionPenalty",
+                        "lossless_check.mutants.greedy_mutants:AssistedDraftsWithoutRepetitionPenalty",
                         "--warpers", "repetition_penalty=3.0", "--samples", "2")
     assert code == EXIT_NOT_LOSSLESS
     (row,) = report["cases"]

@@ -8,7 +8,7 @@ from lossless_check.evidence.results import Case
 from lossless_check.laws.scenarios import IID
 from fixtures.releases import DFLASH, needs
 
-MUTANT = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
+MUTANT = "lossless_check.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
 
 
 @pytest.mark.parametrize("warpers", [{"top_k": 0}, {"top_k": 3}], ids=["plain", "top_k=3"])

@@ -24,7 +24,7 @@ from lossless_check.laws.warpers import format_warpers
 from fixtures.releases import DFLASH, needs
 
 ROOT = Path(__file__).resolve().parents[1]
-MUTANT = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
+MUTANT = "lossless_check.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
 NUMBER = r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?"
 CLAIM = re.compile(rf"(?:e\^)?({NUMBER}) (<=|>=|<|>) (?:threshold )?(?:e\^)?({NUMBER})")
 RELATIONS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt}

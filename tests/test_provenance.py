@@ -27,7 +27,7 @@ from lossless_check.modes.step import StepCase
 from lossless_check.evidence.results import Case
 from lossless_check.laws.scenarios import DEFAULT, IID
 
-MUTANT = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
+MUTANT = "lossless_check.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
 DFLASH = "DFlashTokenCandidateGenerator"
 #: Generators whose q is their drafts' law on the installed release (DFlash where it exists).
 GENERATORS = [pytest.param(DFLASH, marks=needs(DFLASH))] + (

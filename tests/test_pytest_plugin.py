@@ -22,7 +22,7 @@ import lossless_check.modes.step  # noqa: E402,F401
 
 pytest_plugins = ["pytester"]
 
-MUTANT_SOURCE = Path(__file__).parents[1] / "fixtures" / "mutants" / "dflash_raw_logits.py"
+MUTANT_SOURCE = Path(__file__).parents[1] / "lossless_check" / "mutants" / "dflash_raw_logits.py"
 
 DOWNSTREAM_TESTS = """
 from mygen import DFlashReturnsRawLogits
@@ -202,7 +202,7 @@ def test_fuzz_checks_are_in_the_summary_and_the_report(pytester, monkeypatch):
                                           database="db")
 
         def test_greedy_mutant_fuzzed(lossless):
-            lossless.assert_fuzz_lossless("fixtures.mutants.dflash_greedy_draft:DFlashGreedyDraft", examples=3,
+            lossless.assert_fuzz_lossless("lossless_check.mutants.dflash_greedy_draft:DFlashGreedyDraft", examples=3,
                                           samples=800, database="db")
 
         def test_step(lossless):
@@ -225,7 +225,7 @@ def test_fuzz_checks_are_in_the_summary_and_the_report(pytester, monkeypatch):
         ("test_step", "step", "lossless")]
     builtin, mutant, _ = cases
     assert builtin["warpers"] is None and builtin["reproduce"] is None and builtin["stacks_checked"] >= 1
-    assert mutant["warpers"] and mutant["reproduce"].startswith("lossless-check run --generator fixtures.mutants")
+    assert mutant["warpers"] and mutant["reproduce"].startswith("lossless-check run --generator lossless_check.mutants")
     alpha = 1e-6 / 3 * 6 / math.pi**2
     assert all(c["alpha_case"] == pytest.approx(alpha) and c["samples"] == 800 for c in cases)
     assert builtin["alpha_spent"] <= alpha

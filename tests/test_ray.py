@@ -17,7 +17,8 @@ from fixtures.releases import DFLASH, needs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ["run", "--matrix", "smoke", "--generator", "DFlashTokenCandidateGenerator", "--generator",
-       "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits", "--scenario", "iid8", "--samples", "800", "--quiet"]
+       "lossless_check.mutants.dflash_raw_logits:DFlashReturnsRawLogits", "--scenario", "iid8", "--samples", "800",
+       "--quiet"]
 #: What two runs of the same cases may differ in: the time they took.
 TIMINGS = ("seconds", "samples_per_second")
 
@@ -57,7 +58,8 @@ def test_a_case_split_across_a_two_node_cluster_gives_the_unsplit_result(monkeyp
     from lossless_check.running import scheduler
     from lossless_check.faces.api import cases_for, run_cases
 
-    cases = cases_for(["DFlashTokenCandidateGenerator", "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"],
+    cases = cases_for(["DFlashTokenCandidateGenerator",
+                       "lossless_check.mutants.dflash_raw_logits:DFlashReturnsRawLogits"],
                       ["top_k=3"], None, "step", "iid8")
     rows = lambda run: [{k: v for k, v in dataclasses.asdict(c).items() if k not in TIMINGS}  # noqa: E731
                         for c in run.cases]

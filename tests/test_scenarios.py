@@ -169,7 +169,7 @@ def test_support_violation_stays_exact_on_the_full_vocabulary():
     assert stratum.counts[stratum.expected <= 0].sum() == 1
 
 
-RAW_LOGITS = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
+RAW_LOGITS = "lossless_check.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
 
 
 # The mutant's run is heavy (.ci/run's first step; issue 41): its batched stage fails, and the case runs again

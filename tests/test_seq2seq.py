@@ -38,7 +38,7 @@ def test_only_the_assisted_family_and_its_modes():
 
 def test_a_drafter_returning_the_wrong_q_fails_on_the_encoder_decoder_loop():
     # Negative control: greedy drafts verified against softmax(q) (a real bug class) is caught here too.
-    cases = cases_for(["fixtures.mutants.assisted_greedy_draft:AssistedGreedyDraft"], warpers="top_k=3",
+    cases = cases_for(["lossless_check.mutants.assisted_greedy_draft:AssistedGreedyDraft"], warpers="top_k=3",
                       mode="generate", scenario="markov8-seq2seq")
     result = run_cases(cases, 400, 1e-6, 0)
     assert result.cases[0].verdict == "not_lossless", result.cases[0].reason

@@ -17,7 +17,7 @@ from lossless_check.evidence.results import Case
 from lossless_check.laws.scenarios import DEFAULT, IID
 from fixtures.releases import DFLASH, needs
 
-MUTANT = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
+MUTANT = "lossless_check.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
 ALPHA = 1e-6
 
 

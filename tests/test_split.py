@@ -17,7 +17,7 @@ from lossless_check.faces.api import cases_for, run_cases
 from lossless_check.running.scheduler import MIN_SPLIT_SECONDS, should_split
 from fixtures.releases import DFLASH, assisted_samples, needs
 
-GENERATORS = ["DFlashTokenCandidateGenerator", "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits",
+GENERATORS = ["DFlashTokenCandidateGenerator", "lossless_check.mutants.dflash_raw_logits:DFlashReturnsRawLogits",
               "fixtures.mutants.dflash_greedy_at_batch_1:DFlashGreedyAtBatch1"]
 #: What two runs of the same cases may differ in: the time they took.
 TIMINGS = ("seconds", "samples_per_second")

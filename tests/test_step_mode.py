@@ -13,7 +13,7 @@ from lossless_check.laws.stubs import fixed_logits_lm
 from lossless_check.laws.warpers import capture_processors
 from fixtures.releases import DFLASH, assisted_samples, lossless_builtins, needs
 
-MUTANT = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
+MUTANT = "lossless_check.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
 
 
 def _processors(scenario, warpers):

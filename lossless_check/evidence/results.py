@@ -300,6 +300,7 @@ class RunResult:
     seed: int
     samples: int
     interrupted: bool = False  # SIGINT/SIGTERM: the decision covers the finished cases only
+    workers_lost: list[dict] = field(default_factory=list)  # tasks a lost worker cost (running.worker_loss)
 
     @property
     def subjects(self) -> list[CaseResult]:
@@ -319,8 +320,7 @@ class RunResult:
         else 0. Rows reported beside the subjects do not count.
 
         A generator that raises or returns malformed output is a finding about the generator, so it
-        exits 1 like a not-lossless case; 3 is reserved for the harness's own bugs (raised, never a
-        verdict).
+        exits 1 like a not-lossless case; 3 is reserved for the harness's own bugs (raised, never a verdict).
         """
         from lossless_check.core.exit_codes import exit_code_for
 

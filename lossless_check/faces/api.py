@@ -13,6 +13,7 @@ statistical cases (Holm); a single :func:`check` is a family of one.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from typing import Callable, Iterable
 
@@ -63,7 +64,9 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
     but could not have seen a departure of TV ``max_detectable_tv`` is ``inconclusive``, not ``lossless``
     (:func:`~lossless_check.evidence.results.decide`).
 
-    ``progress(trials)`` is called as each case completes, with the trials it ran. Results do not depend on ``workers``.
+    ``progress(trials)`` is called as each case completes, with the trials it ran. Results do not depend on ``workers``,
+    nor on a worker lost mid-run (its tasks run again: :mod:`lossless_check.running.worker_loss`; stderr says so,
+    and so does :attr:`RunResult.workers_lost`).
     ``journal`` (a :class:`~lossless_check.running.journal.Journal`): its finished cases are not run again, and
     each case is recorded there as it finishes; within the others, the chunks its store keeps are not
     collected again, and each chunk is kept there as it finishes (``chunks``: another
@@ -97,6 +100,17 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
         if journal is not None:
             journal.record(todo[k], result)
 
+    workers_lost: list[dict] = []
+
+    def lost(loss) -> CaseResult:
+        """A task a lost worker cost: said on stderr and kept for the report; a case not run again is an error."""
+        case = cases[todo[loss.index]]
+        workers_lost.append({**loss.to_dict(), "index": todo[loss.index], "case": case.key})
+        where = case.key + ("" if loss.chunk is None else f", chunk {loss.chunk}")
+        again = "runs again" if loss.redone else "is not run again: the case is an error"
+        print(f"lossless-check: a worker was lost: {where} {again} ({loss.reason})", file=sys.stderr)
+        return case.result(verdict="error", reason=f"{loss.reason} running this case; not run again")
+
     try:
         with make_engine(workers, backend, address) as engine:
             engine.start_early(len(todo), preload)
@@ -110,7 +124,7 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
             engine.map(run_case, [(tasks[i], planned[i], seed, alpha_case, sequential, timeout, batch_size, chunks)
                                   for i in todo], progress,
                        cost=[_work_estimate(tasks[i], planned[i]) for i in todo], finished=finished,
-                       split=chunked_run)
+                       split=chunked_run, lost=lost)
     except KeyboardInterrupt:
         partial = [r or c.result(verdict="unfinished", reason="the run was interrupted before this case finished")
                    for c, r in zip(cases, results)]
@@ -118,7 +132,8 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
             if result.verdict != "unfinished":
                 attach_plan(result, case, positions)
         decide([r for r, s in zip(partial, statistical) if s], alpha, max_detectable_tv)
-        raise RunInterrupted(RunResult(partial, alpha, seed, samples, interrupted=True)) from None
+        raise RunInterrupted(RunResult(partial, alpha, seed, samples, interrupted=True,
+                                       workers_lost=workers_lost)) from None
     for case, result, positions in zip(tasks, results, informative):
         attach_plan(result, case, positions)
     own = [] if sampler is None else [_sampler_row(sampler, samples, alpha_case, seed, cases, results)]
@@ -134,7 +149,7 @@ def run_cases(cases: list[Case], samples: int, alpha: float, seed: int, workers:
         from lossless_check.outputs.verifier_report import verifier_row
 
         results.append(verifier_row(cases[0].scenario.name if cases else DEFAULT_SCENARIO, subject=verifier_gates))
-    return RunResult(results, alpha, seed, samples)
+    return RunResult(results, alpha, seed, samples, workers_lost=workers_lost)
 
 
 def _sampler_row(sampler, samples: int, alpha_case: float, seed: int, cases: list[Case],

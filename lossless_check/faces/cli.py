@@ -155,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "against the algorithm's law (exit 1 on a defect)")
     verifier.add_argument("--json", metavar="PATH", help="write the checks as JSON here")
     add_sampler_options(verifier, run=False)
-    mutants = sub.add_parser("mutants", help="mutation self-test: every mutant of fixtures/mutants (run from the repo root)")
+    mutants = sub.add_parser("mutants", help="mutation self-test: every mutant of lossless_check.mutants "
+                                            "(exit 1 unless each is judged right)")
     mutants.add_argument("--samples", type=positive_int, default=DEFAULT_SAMPLES, help="most trials per mutant")
     mutants.add_argument("--alpha", type=probability, default=1e-6)
     mutants.add_argument("--seed", type=int, default=0)

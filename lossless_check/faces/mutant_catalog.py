@@ -96,10 +96,10 @@ def _ignores_repetition_penalty(laws, prefix):
     return _raw(laws, prefix), laws.drafter(prefix)
 
 
-RAW = "fixtures.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
+RAW = "lossless_check.mutants.dflash_raw_logits:DFlashReturnsRawLogits"
 
 
-DRAFT_TEMPERATURE_NOT_IN_Q = "fixtures.mutants.dflash_draft_temperature:DFlashDraftTemperatureNotInQ"
+DRAFT_TEMPERATURE_NOT_IN_Q = "lossless_check.mutants.dflash_draft_temperature:DFlashDraftTemperatureNotInQ"
 
 
 _RAW_BUG = "samples from the processed logits, returns the raw logits as q"
@@ -110,45 +110,47 @@ MUTANTS: list[Mutant] = [
     Mutant(RAW, DFLASH, {"top_p": 0.7}, "iid8", False, _RAW_BUG + " (top-p)", drafts=_raw_logits),
     Mutant(RAW, DFLASH, {"min_p": 0.35}, "iid8", False, _RAW_BUG + " (min-p)", drafts=_raw_logits),
     Mutant(RAW, DFLASH, {"temperature": 0.5}, "iid8", False, _RAW_BUG + " (temperature)", drafts=_raw_logits),
-    Mutant("fixtures.mutants.dflash_greedy_draft:DFlashGreedyDraft", DFLASH, {}, "iid8", False,
+    Mutant("lossless_check.mutants.dflash_greedy_draft:DFlashGreedyDraft", DFLASH, {}, "iid8", False,
            "drafts the argmax, returns the softmax as q", drafts=_greedy),
-    Mutant("fixtures.mutants.assisted_greedy_draft:AssistedGreedyDraft", ASSISTED, {}, "iid8", False,
+    Mutant("lossless_check.mutants.assisted_greedy_draft:AssistedGreedyDraft", ASSISTED, {}, "iid8", False,
            "assistant decodes greedily (do_sample=False), its scores returned as q", drafts=_greedy),
-    Mutant("fixtures.mutants.dflash_shifted_q:DFlashShiftedQ", DFLASH, {}, "markov8", False,
+    Mutant("lossless_check.mutants.dflash_shifted_q:DFlashShiftedQ", DFLASH, {}, "markov8", False,
            "q of draft i is the q of draft i+1 (off by one position)", drafts=_shifted),
     Mutant(DRAFT_TEMPERATURE_NOT_IN_Q, DFLASH, {}, "iid8", False,
            "private draft temperature applied to the draft, not to q", drafts=_draft_temperature_not_in_q),
-    Mutant("fixtures.mutants.dflash_vocabulary:DFlashPermutedVocabQ", DFLASH, {}, "iid8", False,
+    Mutant("lossless_check.mutants.dflash_vocabulary:DFlashPermutedVocabQ", DFLASH, {}, "iid8", False,
            "q over a permuted vocabulary (ids off by one)", drafts=_permuted),
-    Mutant("fixtures.mutants.dflash_vocabulary:DFlashTruncatedVocabQ", DFLASH, {}, "iid8", False,
+    Mutant("lossless_check.mutants.dflash_vocabulary:DFlashTruncatedVocabQ", DFLASH, {}, "iid8", False,
            "q over a truncated vocabulary (last token -inf in q only)", drafts=_truncated),
-    Mutant("fixtures.mutants.dflash_vocabulary:DFlashQOverWiderSupport", DFLASH, {"top_k": 2}, "iid8", False,
+    Mutant("lossless_check.mutants.dflash_vocabulary:DFlashQOverWiderSupport", DFLASH, {"top_k": 2}, "iid8", False,
            "q renormalised over one token more than the drafter samples from", drafts=_wider_support),
-    Mutant("fixtures.mutants.dflash_repetition_penalty:DFlashDraftIgnoresRepetitionPenalty", DFLASH,
+    Mutant("lossless_check.mutants.dflash_repetition_penalty:DFlashDraftIgnoresRepetitionPenalty", DFLASH,
            {"repetition_penalty": 3.0}, "markov8", False,
            "drafts ignore the (history-dependent) repetition penalty that q applies",
            drafts=_ignores_repetition_penalty),
-    Mutant("fixtures.mutants.dflash_later_drafts:DFlashRawQAfterFirstDraft", DFLASH, {"temperature": 0.5}, "iid8", False,
+    Mutant("lossless_check.mutants.dflash_later_drafts:DFlashRawQAfterFirstDraft", DFLASH, {"temperature": 0.5}, "iid8",
+           False,
            "q processed for the first draft only, raw from the second on", position=2, drafts=_raw_logits),
-    Mutant("fixtures.mutants.dflash_draft_temperature:DFlashDraftTemperature", DFLASH, {}, "iid8", True,
+    Mutant("lossless_check.mutants.dflash_draft_temperature:DFlashDraftTemperature", DFLASH, {}, "iid8", True,
            "private draft temperature, applied to q too"),
-    Mutant("fixtures.mutants.dflash_equivalent:DFlashLogSoftmaxQ", DFLASH, {"top_k": 2}, "iid8", True,
+    Mutant("lossless_check.mutants.dflash_equivalent:DFlashLogSoftmaxQ", DFLASH, {"top_k": 2}, "iid8", True,
            "returns log_softmax of the processed logits"),
-    Mutant("fixtures.mutants.dflash_equivalent:DFlashOffsetQ", DFLASH, {"repetition_penalty": 3.0}, "markov8", True,
+    Mutant("lossless_check.mutants.dflash_equivalent:DFlashOffsetQ", DFLASH, {"repetition_penalty": 3.0}, "markov8",
+           True,
            "adds a constant to every logit of q"),
-    Mutant("fixtures.mutants.dflash_equivalent:DFlashFloat64Q", DFLASH, {"top_p": 0.7}, "iid8", True,
+    Mutant("lossless_check.mutants.dflash_equivalent:DFlashFloat64Q", DFLASH, {"top_p": 0.7}, "iid8", True,
            "returns the processed logits in float64"),
 ]
 
 
 GREEDY_MUTANTS: list[Mutant] = [
-    Mutant("fixtures.mutants.greedy_mutants:AssistedDraftsWithoutRepetitionPenalty", ASSISTED,
+    Mutant("lossless_check.mutants.greedy_mutants:AssistedDraftsWithoutRepetitionPenalty", ASSISTED,
            {"repetition_penalty": 2.0}, "markov8", False,
            "drops the repetition penalty from the target's own processor list (in place, meaning the drafts')",
            mode="greedy",
            # Before 4.57.0 generate() hands the generator the user's processor list (4.56.2
            # generation/utils.py line 2478), not the one it verifies with: the mutant changes nothing.
            since=("4.57.0", "a generator handed the processor list the loop verifies with")),
-    Mutant("fixtures.mutants.greedy_mutants:AssistedDraftsUnrelatedTokens", ASSISTED, {}, "markov8", True,
+    Mutant("lossless_check.mutants.greedy_mutants:AssistedDraftsUnrelatedTokens", ASSISTED, {}, "markov8", True,
            "drafts unrelated tokens, no q: rejected drafts cost rounds, never tokens", mode="greedy"),
 ]

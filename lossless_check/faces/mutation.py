@@ -1,7 +1,7 @@
 """Mutation self-test: the harness must flag every known bug class and pass every equivalent change.
 
-:data:`MUTANTS` is the catalog of ``fixtures/mutants`` generators, each with the warper stack and
-scenario under which its bug bites. For a real bug, :func:`exact_tv` gives the exact (float64)
+:data:`MUTANTS` is the catalog of :mod:`lossless_check.mutants` generators (shipped in the package), each
+with the warper stack and scenario under which its bug bites. For a real bug, :func:`exact_tv` gives the exact (float64)
 total variation its output law has at the first position the bug reaches, from an independent
 model of what it samples and what it returns (the ``drafts`` field): that is the size of effect the
 harness has to see, and :func:`samples_needed` turns it into a sample size through the harness's
@@ -206,32 +206,10 @@ def absent_mutant(mutant: Mutant) -> dict:
             "reason": _absence(mutant)}
 
 
-def require_catalog() -> None:
-    """Raise :class:`~lossless_check.core.errors.UsageError` unless the mutants are importable: they live in the
-    repository's ``fixtures/mutants`` (negative controls of the test suite), which the wheel does not ship."""
-    import importlib.util
-    import os
-    import sys
-
-    from lossless_check.core.errors import UsageError
-
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # where module:attr generators are found (core.options.load_attribute)
-    try:
-        found = importlib.util.find_spec("fixtures.mutants") is not None
-    except ImportError:
-        found = False
-    if not found:
-        raise UsageError("the mutation self-test runs from a lossless-check checkout: its mutants are the test "
-                         "suite's fixtures/mutants, which the installed package does not ship; run it from the "
-                         "repository root")
-
-
 def mutation_report(samples: int, seed: int, alpha: float) -> list[dict]:
     """Every mutant of :data:`MUTANTS`, each its own run at family rate ``alpha``, then :data:`GREEDY_MUTANTS`
     (exact, no alpha); a mutant whose base
     class the installed release lacks gets a skipped row (:func:`absent_mutant`)."""
-    require_catalog()
     return ([run_mutant(m, samples, seed, alpha) if installed(m) else absent_mutant(m) for m in MUTANTS]
             + [run_greedy_mutant(m, seed) if installed(m) else absent_mutant(m) for m in GREEDY_MUTANTS])
 

@@ -44,6 +44,7 @@ def to_json(result: RunResult) -> dict:
         "samples": result.samples,
         "power": 0.99,
         "interrupted": result.interrupted,
+        "workers_lost": result.workers_lost,
         "sampler": sampler_in_place_of_verifier(result),
         "cases": [c.to_dict() for c in result.cases],
     }

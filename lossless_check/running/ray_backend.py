@@ -5,7 +5,9 @@ The same tasks as the local pool (:class:`~lossless_check.running.engine.Engine`
 the cluster's CPUs, each seeded from the run seed, the case and the chunk alone, so a run gives the
 same JSON on Ray as on ``--workers W``. Every case that can be split is (step mode: each chunk a
 task, its looks in the driver), so a worker or node lost mid-task costs Ray's retry of the chunks it
-was running (:data:`RETRIES`), never a case; a case that runs as one task (generate mode) resumes on
+was running (Ray's ``max_retries``: :data:`~lossless_check.running.worker_loss.RETRIES`), never a case; a
+task whose worker died every time is its case's ``error`` (:class:`~lossless_check.running.worker_loss.WorkerLost`),
+and the run goes on. A case that runs as one task (generate mode) resumes on
 retry from the chunks it kept, where the run keeps chunks on a file system its nodes share
 (:func:`lossless_check.faces.api.run_cases`). The driver's ``sys.path`` goes to the workers, so
 ``module:attr`` generators resolve there as here.
@@ -19,11 +21,12 @@ import sys
 from concurrent.futures import Future
 from typing import Callable
 
-from lossless_check.running.workers import init_worker, one_thread
 from lossless_check.core.errors import UsageError
+from lossless_check.running.worker_loss import RETRIES, WorkerLost, translated
+from lossless_check.running.workers import init_worker, one_thread
 
-#: Times Ray runs a task again after its worker or node died.
-RETRIES = 3
+#: Ray's errors for a task whose worker or node died (after its retries): each a :class:`WorkerLost`.
+LOST_WORKER_ERRORS = ("WorkerCrashedError", "OutOfMemoryError", "NodeDiedError", "LocalRayletDiedError")
 #: Seconds to wait for the cluster's address to accept a connection before calling it unreachable
 #: (``ray.init`` itself retries for minutes, logging as it goes).
 CONNECT_SECONDS = 5.0
@@ -79,6 +82,7 @@ class RayEngine:
         self._ray, self._started = connect(workers, address)
         self._remote = self._ray.remote(num_cpus=1, max_retries=RETRIES, retry_exceptions=False)(_run_task)
         self._refs: dict[Future, object] = {}
+        self._lost_worker_errors = tuple(getattr(self._ray.exceptions, name) for name in LOST_WORKER_ERRORS)
 
     @property
     def slots(self) -> int:
@@ -92,21 +96,23 @@ class RayEngine:
         if session is not None:
             task, args = session.covered(task, args)
         ref = self._remote.remote(task, args)
-        future = ref.future() if session is None else session.unwrap(ref.future())
+        future = _lost_worker_translated(ref.future(), self._lost_worker_errors)
+        future = future if session is None else session.unwrap(future)
         self._refs[future] = ref
         future.add_done_callback(lambda done: self._refs.pop(done, None))
         return future
 
     def map(self, task: Callable, arguments: list[tuple], progress: Callable[[int], None] | None = None,
             cost: list[float] | None = None, finished: Callable[[int, object], None] | None = None,
-            split: Callable | None = None) -> list:
-        """As :meth:`lossless_check.running.engine.Engine.map`, each task a Ray task."""
+            split: Callable | None = None, lost: Callable | None = None) -> list:
+        """As :meth:`lossless_check.running.engine.Engine.map`, each task a Ray task (Ray runs one whose worker
+        died again itself: ``lost`` hears only of a task that died every time)."""
         from lossless_check.running.scheduler import Scheduler
 
         scheduler = Scheduler(self._submit, self.slots, split_every=True)
         try:
             with one_thread():  # a split case's looks run here, as they would in a worker
-                return scheduler.map(task, arguments, progress, cost, finished, split)
+                return scheduler.map(task, arguments, progress, cost, finished, split, lost)
         except KeyboardInterrupt:
             self._cancel(list(self._refs.values()), force=True)
             raise
@@ -134,6 +140,20 @@ class RayEngine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _lost_worker_translated(inner: Future, lost_worker_errors: tuple[type, ...]) -> Future:
+    """``inner``, with Ray's error for a task whose worker died :data:`RETRIES` + 1 times turned into a final
+    :class:`WorkerLost` (the scheduler makes it its case's ``error``)."""
+
+    def lost(error: BaseException) -> BaseException:
+        if not isinstance(error, lost_worker_errors):
+            return error
+        first_line = (str(error).strip().splitlines() or [""])[0]
+        return WorkerLost(f"Ray worker lost ({type(error).__name__}: {first_line[:200]}) {RETRIES + 1} times",
+                          culprit=True, final=True)
+
+    return translated(inner, lost)
 
 
 def check_backend(args) -> None:

@@ -28,7 +28,9 @@ from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Callable
 
+from lossless_check.core.errors import GeneratorFailure
 from lossless_check.running.chunks import chunk_plan, look_ends
+from lossless_check.running.worker_loss import RETRIES, WorkerLoss, WorkerLost
 
 #: A case splits only if it is expected to take at least this many seconds of one core: a worker
 #: collecting its chunks first builds its stubs and generator (a second or two), and so does this
@@ -181,22 +183,29 @@ class Scheduler:
 
     def map(self, task: Callable, arguments: list[tuple], progress: Callable[[int], None] | None = None,
             cost: list[float] | None = None, finished: Callable[[int, object], None] | None = None,
-            split: Callable | None = None) -> list:
+            split: Callable | None = None, lost: Callable[[WorkerLoss], object] | None = None) -> list:
         """As :meth:`lossless_check.running.engine.Engine.map`; ``split(*arguments[i])`` gives case ``i`` as
-        chunks and looks (``None``: it runs as one task), for the cases :func:`should_split` picks."""
+        chunks and looks (``None``: it runs as one task), for the cases :func:`should_split` picks.
+
+        A task that fails with :class:`~lossless_check.running.worker_loss.WorkerLost` runs again, unless its own
+        worker died more than :data:`~lossless_check.running.worker_loss.RETRIES` times running it: a chunk then
+        raises :class:`~lossless_check.core.errors.GeneratorFailure` in its case's looks (the case's ``error``), and
+        a whole case's result is what ``lost(loss)`` returns. ``lost`` hears of every lost task (default: a
+        whole case not run again is an internal error)."""
         costs = cost or [0.0] * len(arguments)
         unstarted = sorted(range(len(arguments)), key=lambda i: -costs[i])
         results: list = [None] * len(arguments)
         left = len(arguments)
         events: queue.Queue = queue.Queue()
-        running: dict[Future, tuple] = {}
+        running: dict[Future, tuple] = {}  # a task's tag, function and arguments
+        deaths: dict[tuple, int] = {}  # times a task's own worker died running it
         splits: list[SplitCase] = []
         whole: set[int] = set()
         token = uuid.uuid4().hex
 
         def launch(fn, args: tuple, tag: tuple) -> None:
             future = self.submit(fn, *args)
-            running[future] = tag
+            running[future] = tag, fn, args
             future.add_done_callback(lambda done: events.put(("task", done)))
 
         def chunk_for(ahead: bool) -> tuple | None:
@@ -226,6 +235,25 @@ class Scheduler:
                 case, args = found
                 launch(collect_chunk, args, ("chunk", case, args[3], args[4]))
 
+        def redo(tag: tuple, fn: Callable, args: tuple, error: WorkerLost) -> None:
+            index, chunk = (tag[1], None) if tag[0] == "case" else (tag[1].index, tag[3])
+            key = (index, chunk, None if chunk is None else tag[2])
+            deaths[key] = deaths.get(key, 0) + error.culprit
+            final = error.final or deaths[key] > RETRIES
+            reason = f"{error.reason} {deaths[key]} times" if final and not error.final else error.reason
+            if tag[0] == "chunk" and (tag[1].over or tag[1].result is not None):
+                return  # a chunk its case no longer needs
+            loss = WorkerLoss(index, chunk, reason, redone=not final)
+            decided = lost(loss) if lost is not None else None
+            if not final:
+                launch(fn, args, tag)
+            elif tag[0] == "chunk":
+                tag[1].deliver(tag[2], chunk, ("raised", GeneratorFailure(f"{reason} running chunk {chunk}")))
+            elif decided is None:
+                raise error
+            else:
+                done(index, decided)
+
         def done(index: int, result) -> None:
             nonlocal left
             results[index] = result
@@ -243,8 +271,11 @@ class Scheduler:
                 except queue.Empty:
                     continue
                 if kind == "task":
-                    tag = running.pop(item)
-                    if tag[0] == "case":
+                    tag, fn, args = running.pop(item)
+                    error = None if item.cancelled() else item.exception()
+                    if isinstance(error, WorkerLost):
+                        redo(tag, fn, args, error)
+                    elif tag[0] == "case":
                         done(tag[1], item.result())
                     else:
                         tag[1].deliver(tag[2], tag[3], item.result())
