@@ -79,7 +79,7 @@ def export_tests(out_dir: str | Path) -> Export:
     stamp = (f"# Exported by `lossless-check export-tests` for transformers {transformers.__version__}. All law tests\n"
              "# of these files together fail a lossless release with probability <= 1e-6 (_speculative_laws.py).\n")
     helper = (TEMPLATES / HELPER).read_text()
-    helper, replaced = re.subn(r"^LAW_TESTS = \d+$", f"LAW_TESTS = {max(law_tests, 1)}", helper, flags=re.M)
+    helper, replaced = re.subn(r"^LAW_TESTS = \d+$", f"LAW_TESTS = {max(law_tests, 1)}", helper, flags=re.MULTILINE)
     if replaced != 1:
         raise RuntimeError(f"{HELPER} must assign LAW_TESTS once (the exporter writes the count there)")
     files = [out / HELPER]

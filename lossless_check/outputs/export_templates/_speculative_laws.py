@@ -42,9 +42,10 @@ TARGET_TV = 0.35
 def tiny_llama(vocab_size, seed, layers=1, **config):
     """A tiny `LlamaForCausalLM` with seeded weights: its logits, hence every law, are fixed by `seed`."""
     torch.manual_seed(seed)
-    settings = dict(vocab_size=vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=layers,
-                    num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.5,
-                    tie_word_embeddings=False, pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    settings = {"vocab_size": vocab_size, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": layers,
+                "num_attention_heads": 2, "num_key_value_heads": 2, "max_position_embeddings": 64,
+                "initializer_range": 0.5, "tie_word_embeddings": False, "pad_token_id": None, "bos_token_id": None,
+                "eos_token_id": None}
     settings.update(config)
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**settings)).eval()
 
@@ -97,8 +98,8 @@ def law_test(counts, law, alpha):
         seen = counts > 0
         log_e = log_mixture - float((counts[seen] * np.log(law[seen])).sum())
     reject = bool(outside) or tv > tv_threshold or log_e >= math.log(2 / alpha)
-    return dict(n=int(n), tv=tv, tv_threshold=tv_threshold, log_e=log_e, outside=outside, reject=reject,
-                detectable=detectable_tv(law, n, alpha))
+    return {"n": int(n), "tv": tv, "tv_threshold": tv_threshold, "log_e": log_e, "outside": outside,
+            "reject": reject, "detectable": detectable_tv(law, n, alpha)}
 
 
 def where(function):
@@ -168,7 +169,7 @@ def check_greedy(target, prompts, speculative_kwargs, expected_generator, max_ne
         try:
             fast = target.generate(prompt, do_sample=False, max_new_tokens=max_new_tokens, **speculative_kwargs,
                                    **config)
-        except Exception as error:  # noqa: BLE001 - plain decoding ran: the speculative loop must too
+        except Exception as error:
             raise AssertionError(
                 f"greedy speculative generate() raised {type(error).__name__}: {str(error).splitlines()[0]} under "
                 f"{config or 'no processor'} ({frame_of(error)}); plain greedy gives {plain[0].tolist()} "

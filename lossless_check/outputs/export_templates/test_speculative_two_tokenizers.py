@@ -26,10 +26,10 @@ except ImportError:  # the directory is not a package
 candidate_generator = pytest.importorskip("transformers.generation.candidate_generator")
 
 # Different, overlapping vocabularies: 22 shared words at different ids; sizes differ, as generate() requires.
-TARGET_WORDS = ("<unk> the a cat dog sat ran on under mat rug red blue old big small new sun moon tree house car "
-                "road bird").split()
-ASSISTANT_WORDS = ("<unk> a the bird road car house tree moon sun new small big old blue red rug mat under on ran sat "
-                   "ship sea boat").split()
+TARGET_WORDS = ["<unk>", "the", "a", "cat", "dog", "sat", "ran", "on", "under", "mat", "rug", "red", "blue", "old",
+                "big", "small", "new", "sun", "moon", "tree", "house", "car", "road", "bird"]
+ASSISTANT_WORDS = ["<unk>", "a", "the", "bird", "road", "car", "house", "tree", "moon", "sun", "new", "small", "big",
+                   "old", "blue", "red", "rug", "mat", "under", "on", "ran", "sat", "ship", "sea", "boat"]
 GREEDY_WORDS = [f"w{i}" for i in range(40)]
 SPECIAL = ["<unk>", "</s>", "<pad>"]
 

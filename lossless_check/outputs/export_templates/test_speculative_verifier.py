@@ -20,7 +20,7 @@ DRAFT = 7  # outside the support: p(DRAFT) = 0, q(DRAFT) = 1/8
 SEED = 3  # torch.manual_seed(3): the float32 stream of torch.rand returns exactly 0.0 at draw 1,532,311
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def first_zero(seed, search=1 << 24):
     """Index of the first exact 0.0 in the float32 stream of `torch.rand` after `manual_seed(seed)`."""
     torch.manual_seed(seed)
