@@ -39,15 +39,20 @@ MISS = 1e-3
 TARGET_TV = 0.35
 
 
-def tiny_llama(vocab_size, seed, layers=1, **config):
-    """A tiny `LlamaForCausalLM` with seeded weights: its logits, hence every law, are fixed by `seed`."""
+def tiny_llama(vocab_size, seed, layers=1, head_scale=1.0, **config):
+    """A tiny `LlamaForCausalLM` with seeded weights: its logits, hence every law, are fixed by `seed`.
+
+    `head_scale` multiplies the LM head: above 1 a more peaked law, below 1 a flatter one."""
     torch.manual_seed(seed)
     settings = {"vocab_size": vocab_size, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": layers,
                 "num_attention_heads": 2, "num_key_value_heads": 2, "max_position_embeddings": 64,
                 "initializer_range": 0.5, "tie_word_embeddings": False, "pad_token_id": None, "bos_token_id": None,
                 "eos_token_id": None}
     settings.update(config)
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**settings)).eval()
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**settings)).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(head_scale)
+    return model
 
 
 def position_laws(target, prompt, positions, stack, **plain_kwargs):

@@ -29,7 +29,10 @@ STACKS = {
 
 
 def models():
-    target, assistant = tiny_llama(VOCAB, seed=1), tiny_llama(VOCAB, seed=2)
+    # A nearly flat assistant and a moderately peaked target: a q that is not the law the drafts were drawn from
+    # (e.g. raw logits returned after drafting from top-k-processed ones) then moves p/q by up to VOCAB / k, and
+    # every stack below keeps two or more target tokens (no stack is a point mass: each can reveal a wrong q).
+    target, assistant = tiny_llama(VOCAB, seed=1, head_scale=1.5), tiny_llama(VOCAB, seed=2, head_scale=0.1)
     # Two drafts per round, always: the first round verifies drafts for generated tokens 1 and 2.
     assistant.generation_config.num_assistant_tokens = 2
     assistant.generation_config.num_assistant_tokens_schedule = "constant"
