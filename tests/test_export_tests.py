@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -23,12 +24,14 @@ import pytest
 import transformers
 
 from fixtures.patched_install import patched_transformers
+from fixtures.readme import DOCS, blocks
 from fixtures.releases import DIFFERENT_TOKENIZERS_TARGET_PROCESSORS, VERIFIER_ACCEPTS_AT_R_0, within
 from lossless_check.core.exit_codes import EXIT_OK, EXIT_USAGE
 from lossless_check.faces.cli import main
 from lossless_check.outputs.export_tests import HELPER, export_tests
 
 FINDINGS = Path(__file__).resolve().parents[1] / "findings"
+GUIDE = DOCS / "guides" / "export-tests.md"
 #: What an exported module may import: these packages, the standard library and the shared helper.
 ALLOWED = {"torch", "transformers", "pytest", "numpy", "scipy", "_speculative_laws"}
 
@@ -51,17 +54,30 @@ FAILS_ON = {
 FIXED_BY_PATCHES = sorted({finding for finding, _ in FAILS_ON.values()})
 
 
+def documented_command() -> tuple[dict, list[str]]:
+    """The command docs/guides/export-tests.md shows for running the exported directory: (environment, argv)."""
+    runner = "test_exported_modules_fail_exactly_on_the_findings"
+    (block,) = [b for b in blocks(GUIDE) if b.marker and runner in b.marker]
+    words = shlex.split(block.code)
+    assignments = [w for w in words if re.fullmatch(r"[A-Z_]+=\S*", w)]
+    return dict(w.split("=", 1) for w in assignments), words[len(assignments):]
+
+
 def run_exported(python, directory: Path, *args: str, pythonpath: str | None = None) -> tuple[dict, str, float]:
-    """Run pytest on the exported ``directory`` in the clean environment: ({test id: outcome}, output, seconds)."""
+    """Run the exported ``directory`` as the guide says, in the clean environment: ({test id: outcome}, output,
+    seconds). ``python`` replaces the command's ``python`` and ``directory`` its last word."""
+    documented_env, argv = documented_command()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", OMP_NUM_THREADS="1")
+    env.update(documented_env)
     if pythonpath is not None:
         env["PYTHONPATH"] = pythonpath
     started = time.monotonic()
-    proc = subprocess.run([str(python), "-m", "pytest", "-p", "no:cacheprovider", "-rA", "-q", "--tb=line", *args,
-                           str(directory)], cwd=directory.parent, env=env, capture_output=True, text=True, timeout=600)
+    command = [str(python), *argv[1:-1], "-rA", "--tb=line", *args, str(directory)]
+    proc = subprocess.run(command, check=False, cwd=directory.parent, env=env, capture_output=True, text=True,
+                          timeout=600)
     seconds = time.monotonic() - started
-    outcomes = {m[1].split("/")[-1]: m[0] for m in re.findall(r"^(PASSED|FAILED|ERROR|SKIPPED) (\S+)", proc.stdout, re.M)}
+    found = re.findall(r"^(PASSED|FAILED|ERROR|SKIPPED) (\S+)", proc.stdout, re.MULTILINE)
+    outcomes = {test.split("/")[-1]: outcome for outcome, test in found}
     return outcomes, proc.stdout + proc.stderr[-3000:], seconds
 
 
@@ -99,7 +115,8 @@ def test_law_test_count_matches_the_exported_sampling_tests(tmp_path, clean_pyth
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     proc = subprocess.run([str(clean_python), "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q",
-                           str(tmp_path / "out")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+                           str(tmp_path / "out")], check=False, cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
     collected = [line for line in proc.stdout.splitlines() if "::" in line]
     assert collected, proc.stdout + proc.stderr
     assert sum("_sampling_follows_target_law" in line for line in collected) == export.law_tests, proc.stdout

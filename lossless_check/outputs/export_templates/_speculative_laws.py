@@ -17,6 +17,8 @@ Each of the two gets half of a position's alpha; a test splits its alpha over it
 `FILE_ALPHA` is split evenly over its `LAW_TESTS` law tests (Bonferroni): the whole set of files fails a
 lossless transformers with probability at most FILE_ALPHA. Exact tests (greedy, the verifier, drafts past
 `max_length`) never fail a correct implementation. `detectable_tv` states each law test's power.
+Where the verifier accepts when `r <= p / q` (4.37-5.24), a draft of probability 0 is accepted when `rand()`
+returns exactly 0 (2^-24 per draft; test_speculative_verifier.py): add 2^-24 per such draft to the rate above.
 """
 
 import inspect
