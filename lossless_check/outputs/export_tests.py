@@ -76,9 +76,12 @@ def export_tests(out_dir: str | Path) -> Export:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"cannot create --out {out}: {exc.strerror}") from exc
-    stamp = (f"# Exported by `lossless-check export-tests` for transformers {transformers.__version__}. All law tests\n"
-             "# of these files together fail a lossless release with probability <= 1e-6 (_speculative_laws.py).\n")
     helper = (TEMPLATES / HELPER).read_text()
+    target_tv = re.search(r"^TARGET_TV = (\S+)$", helper, flags=re.MULTILINE).group(1)
+    stamp = (f"# Exported by `lossless-check export-tests` for transformers {transformers.__version__}. All {law_tests}"
+             " law tests of these files\n# together fail a lossless release with probability <= 1e-6 (Bonferroni); "
+             f"each detects TV >= {target_tv} with\n# probability >= 1 - 1e-3 (_speculative_laws.py). Exact tests "
+             "(greedy, verifier, max_length) never fail\n# a lossless release.\n")
     helper, replaced = re.subn(r"^LAW_TESTS = \d+$", f"LAW_TESTS = {max(law_tests, 1)}", helper, flags=re.MULTILINE)
     if replaced != 1:
         raise RuntimeError(f"{HELPER} must assign LAW_TESTS once (the exporter writes the count there)")
