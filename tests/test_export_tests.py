@@ -41,17 +41,27 @@ FAILS_ON = {
         ("verifier_accepts_zero_probability", VERIFIER_ACCEPTS_AT_R_0),
     "test_speculative_two_tokenizers.py::test_universal_sampling_follows_target_law":
         ("universal_permuted_q", ("4.52.1", None)),
-    "test_speculative_two_tokenizers.py::test_different_tokenizers_greedy_equals_plain_greedy[bad_words":
+    # An id only the target has raises since the class appeared; a shared id passes on 4.46.0 and raises on
+    # 5.24.0 (the first release between them where it raises is not determined).
+    "test_speculative_two_tokenizers.py::test_different_tokenizers_greedy_equals_plain_greedy[bad_words_target":
         ("different_tokenizers_target_processors", DIFFERENT_TOKENIZERS_TARGET_PROCESSORS),
-    "test_speculative_two_tokenizers.py::test_different_tokenizers_greedy_equals_plain_greedy[sequence_bias":
+    "test_speculative_two_tokenizers.py::test_different_tokenizers_greedy_equals_plain_greedy[sequence_bias_target":
         ("different_tokenizers_target_processors", DIFFERENT_TOKENIZERS_TARGET_PROCESSORS),
+    "test_speculative_two_tokenizers.py::test_different_tokenizers_greedy_equals_plain_greedy[bad_words_shared":
+        ("different_tokenizers_target_processors", ("5.24.0", None)),
+    "test_speculative_two_tokenizers.py::test_different_tokenizers_greedy_equals_plain_greedy[sequence_bias_shared":
+        ("different_tokenizers_target_processors", ("5.24.0", None)),
+    # 5.25.0 raises in the assistant's prefill with no processor at all (no findings/ folder yet: the guide says
+    # what is known).
+    "test_speculative_two_tokenizers.py::test_different_tokenizers_greedy_equals_plain_greedy[none]":
+        ("different_tokenizers_empty_prefill", ("5.25.0", None)),
     "test_speculative_single_position.py::test_single_position_sampling_follows_target_law":
         ("single_position_greedy_q", ("5.8.0", None)),
     "test_speculative_dflash.py::test_dflash_drafts_within_max_length":
         ("dflash_drafts_past_max_length", ("5.15.0", None)),
 }
 #: The findings whose fix.patch (against 5.24.0) makes the exported modules pass there.
-FIXED_BY_PATCHES = sorted({finding for finding, _ in FAILS_ON.values()})
+FIXED_BY_PATCHES = sorted({finding for finding, _ in FAILS_ON.values() if (FINDINGS / finding).is_dir()})
 
 
 def documented_command() -> tuple[dict, list[str]]:

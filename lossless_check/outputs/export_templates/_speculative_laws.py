@@ -44,12 +44,14 @@ TARGET_TV = 0.35
 def tiny_llama(vocab_size, seed, layers=1, head_scale=1.0, **config):
     """A tiny `LlamaForCausalLM` with seeded weights: its logits, hence every law, are fixed by `seed`.
 
-    `head_scale` multiplies the LM head: above 1 a more peaked law, below 1 a flatter one."""
+    `head_scale` multiplies the LM head: above 1 a more peaked law, below 1 a flatter one. The EOS token is
+    `vocab_size`, past the vocabulary: never emitted, so it ends nothing and the laws need no EOS term, but the
+    releases whose loops require an EOS id (4.37-4.43 assisted decoding, 4.44-5.12 prompt lookup) have one."""
     torch.manual_seed(seed)
     settings = {"vocab_size": vocab_size, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": layers,
                 "num_attention_heads": 2, "num_key_value_heads": 2, "max_position_embeddings": 64,
                 "initializer_range": 0.5, "tie_word_embeddings": False, "pad_token_id": None, "bos_token_id": None,
-                "eos_token_id": None}
+                "eos_token_id": vocab_size}
     settings.update(config)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**settings)).eval()
     with torch.no_grad():
