@@ -34,7 +34,7 @@ MODULES = (
     ExportedModule("test_speculative_verifier.py", {}),
     ExportedModule("test_speculative_assisted.py", {"AssistedCandidateGenerator": 3}),
     ExportedModule("test_speculative_prompt_lookup.py",
-                   {"PromptLookupCandidateGenerator": 1, "EarlyExitCandidateGenerator": 0}),
+                   {"PromptLookupCandidateGenerator": 1, "EarlyExitCandidateGenerator": 1}),
     ExportedModule("test_speculative_two_tokenizers.py",
                    {"UniversalSpeculativeDecodingGenerator": 1, "AssistedCandidateGeneratorDifferentTokenizers": 0}),
     ExportedModule("test_speculative_single_position.py", {"SinglePositionMultiTokenCandidateGenerator": 1}),

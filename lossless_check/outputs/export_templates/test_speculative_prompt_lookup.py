@@ -4,7 +4,7 @@ Written by `lossless-check export-tests`; imports only torch, transformers, pyte
 shared helper `_speculative_laws.py`, which states the statistics and the false-failure rate of all law tests).
 Both draft without a second model: prompt lookup copies the tokens after an n-gram match (its drafts are
 verified by token match, no q); early exit drafts with the target's own first layer.
-- `do_sample=True`: the laws of generated tokens 1 and 2 against plain sampling's exact laws.
+- `do_sample=True` (`top_k=4`): the laws of generated tokens 1 and 2 against plain sampling's exact laws.
 - `do_sample=False`: greedy equals plain greedy decoding (exact).
 """
 
@@ -36,6 +36,12 @@ def test_prompt_lookup_sampling_follows_target_law():
 @pytest.mark.skipif(not has_prompt_lookup, reason="this transformers has no PromptLookupCandidateGenerator")
 def test_prompt_lookup_greedy_equals_plain_greedy():
     check_greedy(tiny_llama(VOCAB, seed=3), PROMPTS, {"prompt_lookup_num_tokens": 2}, "PromptLookupCandidateGenerator")
+
+
+@pytest.mark.skipif(not has_early_exit, reason="this transformers has no EarlyExitCandidateGenerator")
+def test_early_exit_sampling_follows_target_law():
+    check_sampling(tiny_llama(VOCAB, seed=4, layers=2), PROMPT, {"top_k": 4}, 2, {"assistant_early_exit": 1},
+                   "EarlyExitCandidateGenerator")
 
 
 @pytest.mark.skipif(not has_early_exit, reason="this transformers has no EarlyExitCandidateGenerator")
