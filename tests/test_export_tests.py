@@ -119,6 +119,7 @@ def test_export_writes_the_installed_families(tmp_path):
         assert imported - ALLOWED <= set(sys.stdlib_module_names), (path.name, imported - ALLOWED)
 
 
+@pytest.mark.heavy
 def test_law_test_count_matches_the_exported_sampling_tests(tmp_path, clean_python):
     """The Bonferroni count written into the helper is the number of law tests pytest collects."""
     export = export_tests(tmp_path / "out")
