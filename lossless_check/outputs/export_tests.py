@@ -87,9 +87,12 @@ def export_tests(out_dir: str | Path) -> Export:
         raise RuntimeError(f"{HELPER} must assign LAW_TESTS once (the exporter writes the count there)")
     files = [out / HELPER]
     files[0].write_text(stamp + helper)
-    for module in chosen:
+    for module in MODULES:
         path = out / module.template
-        path.write_text(stamp + (TEMPLATES / module.template).read_text())
-        files.append(path)
+        if module in chosen:
+            path.write_text(stamp + (TEMPLATES / module.template).read_text())
+            files.append(path)
+        else:  # a module an earlier export (of another release) left here would not be counted in LAW_TESTS
+            path.unlink(missing_ok=True)
     tested = sorted(name for m in chosen for name in m.law_tests if name in present)
     return Export(files=files, generators=tested, law_tests=law_tests)
