@@ -119,6 +119,21 @@ def test_export_writes_the_installed_families(tmp_path):
         assert imported - ALLOWED <= set(sys.stdlib_module_names), (path.name, imported - ALLOWED)
 
 
+def test_export_leaves_out_families_the_release_lacks(tmp_path, monkeypatch):
+    """As on a release before 5.15 (no DFlash) and before 5.8 (no SinglePosition): their modules are not written
+    (an earlier export's are removed) and the Bonferroni count drops by their law tests."""
+    from transformers.generation import candidate_generator
+
+    full = export_tests(tmp_path / "out")
+    for name in ("DFlashTokenCandidateGenerator", "SinglePositionMultiTokenCandidateGenerator"):
+        monkeypatch.delattr(candidate_generator, name)
+    older = export_tests(tmp_path / "out")
+    written = {p.name for p in (tmp_path / "out").iterdir()}
+    assert {"test_speculative_dflash.py", "test_speculative_single_position.py"}.isdisjoint(written)
+    assert older.law_tests == full.law_tests - 2
+    assert f"LAW_TESTS = {older.law_tests}\n" in (tmp_path / "out" / HELPER).read_text()
+
+
 @pytest.mark.heavy
 def test_law_test_count_matches_the_exported_sampling_tests(tmp_path, clean_python):
     """The Bonferroni count written into the helper is the number of law tests pytest collects."""

@@ -10,7 +10,8 @@ def add_export_command(sub) -> None:
     export = sub.add_parser("export-tests", help="write self-contained pytest modules (torch, transformers, pytest, "
                                                  "numpy, scipy only) testing the installed release's generators")
     export.add_argument("--out", required=True, metavar="DIR",
-                        help="directory to write the modules into (created; existing modules are overwritten)")
+                        help="directory to write the modules into (created; the modules it holds are rewritten, and those of "
+                             "families the installed release lacks removed)")
 
 
 def export_command(args) -> int:
