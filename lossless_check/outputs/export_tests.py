@@ -79,9 +79,10 @@ def export_tests(out_dir: str | Path) -> Export:
     helper = (TEMPLATES / HELPER).read_text()
     target_tv = re.search(r"^TARGET_TV = (\S+)$", helper, flags=re.MULTILINE).group(1)
     stamp = (f"# Exported by `lossless-check export-tests` for transformers {transformers.__version__}. All {law_tests}"
-             " law tests of these files\n# together fail a lossless release with probability <= 1e-6 (Bonferroni); "
-             f"each detects TV >= {target_tv} with\n# probability >= 1 - 1e-3 (_speculative_laws.py). Exact tests "
-             "(greedy, verifier, max_length) never fail\n# a lossless release.\n")
+             " law tests of these files\n# together fail a lossless release with probability <= 1e-6 (Bonferroni; "
+             "where the verifier accepts at\n# r <= p/q, 4.37-5.24, plus 2^-24 per draft of probability 0); each "
+             f"detects TV >= {target_tv} with probability\n# >= 1 - 1e-3 (_speculative_laws.py). Exact tests "
+             "(greedy, verifier, max_length) never fail a lossless release.\n")
     helper, replaced = re.subn(r"^LAW_TESTS = \d+$", f"LAW_TESTS = {max(law_tests, 1)}", helper, flags=re.MULTILINE)
     if replaced != 1:
         raise RuntimeError(f"{HELPER} must assign LAW_TESTS once (the exporter writes the count there)")
