@@ -170,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     from lossless_check.faces.models_command import add_models_command
 
     add_models_command(sub)
+    from lossless_check.faces.export_command import add_export_command
+
+    add_export_command(sub)
     sub.add_parser("list", help="generators and the modes that apply on the installed transformers; scenarios; "
                                 "warper catalog and matrices")
     return parser
@@ -366,6 +369,10 @@ def main(argv: list[str] | None = None) -> int:
             from lossless_check.faces.models_command import models_command
 
             return models_command(args)
+        if args.command == "export-tests":
+            from lossless_check.faces.export_command import export_command
+
+            return export_command(args)
         return _run(args)
     except UsageError as exc:
         print(f"lossless-check: error: {exc}", file=sys.stderr)
