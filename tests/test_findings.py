@@ -25,7 +25,7 @@ import pytest
 import transformers
 from packaging.version import Version
 
-from fixtures.releases import (DIFFERENT_TOKENIZERS_TARGET_PROCESSORS, LOOP_STOPS_ON_PROMPT_EOS,
+from fixtures.releases import (CROSS_ATTENTIONS_SPLIT_HEADS, DIFFERENT_TOKENIZERS_TARGET_PROCESSORS, LOOP_STOPS_ON_PROMPT_EOS,
                                PROMPT_LOOKUP_CRASHES_WITHOUT_EOS, PROMPT_LOOKUP_OVERSHOOTS, STATIC_CACHE_OVERFLOWS,
                                STATEFUL_ROLLBACK_ONE_STATE_SHORT, VERIFIER_ACCEPTS_AT_R_0, within)
 from lossless_check.outputs.repro import LEGACY_RELEASE
@@ -56,6 +56,9 @@ AFFECTED = {
     "stateful_rollback_one_state_short": STATEFUL_ROLLBACK_ONE_STATE_SHORT,
     # static caches are sized max_length - 1 (5.24.0 line 2963); 5.15-5.23 refuse them for speculative decoding
     "static_cache_drafts_past_max_length": STATIC_CACHE_OVERFLOWS,
+    # the cross-attentions are narrowed along dimension 1, the heads (5.25.0 lines 4214, 4553/4566); 5.24.0 sliced
+    # the queries
+    "cross_attentions_split_heads": CROSS_ATTENTIONS_SPLIT_HEADS,
 }
 
 #: What a script may import: the standard library modules below, torch, transformers and
@@ -215,4 +218,16 @@ def test_static_cache_drafts_past_max_length_reproduces(clean_python, tmp_path):
 
 def test_static_cache_drafts_past_max_length_control_is_lossless(clean_python, tmp_path):
     proc = run_repro(clean_python, "static_cache_drafts_past_max_length", "--dynamic-cache", tmp_path=tmp_path)
+    check_exit(proc, 0)
+
+
+def test_cross_attentions_split_heads_reproduces(clean_python, tmp_path):
+    """Exact (the shapes of assisted decoding's cross-attentions against plain decoding's): a tiny Bart, about 13 s."""
+    proc = run_repro(clean_python, "cross_attentions_split_heads", tmp_path=tmp_path)
+    check_exit(proc, 1 if affected("cross_attentions_split_heads") else 0)
+
+
+def test_cross_attentions_split_heads_control(clean_python, tmp_path):
+    """The same calls without output_attentions: the tokens are plain decoding's on every release (exit 0)."""
+    proc = run_repro(clean_python, "cross_attentions_split_heads", "--no-attentions", tmp_path=tmp_path)
     check_exit(proc, 0)

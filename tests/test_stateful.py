@@ -22,6 +22,8 @@ from lossless_check.modes.loop_models import ASSISTED, EARLY_EXIT, PROMPT_LOOKUP
 from lossless_check.subjects.adapters import resolve_generator
 
 REFUSED = within(STATEFUL_TARGETS_REFUSED)
+#: The kinds holding recurrent state (declared ``_is_stateful``, as the real models are): refused before 5.25.0.
+STATEFUL_KINDS = ("linear", "hybrid", "linear-full", "linear-sliding")
 #: Releases whose generate() verifies drafts on the linear and hybrid targets (skip the tests that need it).
 verifies_stateful = pytest.mark.skipif(REFUSED, reason=f"transformers {INSTALLED} refuses speculative decoding on "
                                                        f"stateful targets (5.25.0 is the first that runs it)")
@@ -115,13 +117,13 @@ def test_kinds_are_the_scenarios_and_the_stubs_declare_state_as_real_models_do()
     assert tuple(TARGET_KINDS) == TARGET_KIND_NAMES == tuple(STATEFUL)
     for kind, scenario in STATEFUL.items():
         assert scenario.target_kind == kind and scenario.name == f"markov8-{kind}"
-        assert target_lm(scenario)._is_stateful == (kind in ("linear", "hybrid"))
+        assert target_lm(scenario)._is_stateful == (kind in STATEFUL_KINDS)
 
 
-def test_the_release_refuses_linear_and_hybrid_targets_exactly_before_5_25():
+def test_the_release_refuses_the_stateful_kinds_exactly_before_5_25():
     for kind in TARGET_KIND_NAMES:
         reason = refusal(kind)
-        if kind in ("linear", "hybrid") and REFUSED:
+        if kind in STATEFUL_KINDS and REFUSED:
             assert reason is not None and "not supported with stateful models" in reason
         else:
             assert reason is None, reason
@@ -154,7 +156,7 @@ def test_runs_and_gates_carry_a_row_per_stack_where_a_kind_applies_and_one_row_w
     stacks = len(matrix("smoke"))
     for kind in TARGET_KIND_NAMES:
         assert per[(EARLY_EXIT, f"markov8-{kind}")] == 1
-        refused = REFUSED and kind in ("linear", "hybrid")
+        refused = REFUSED and kind in STATEFUL_KINDS
         assert per[(PROMPT_LOOKUP, f"markov8-{kind}")] == (1 if refused else stacks)
     greedy = [c for c in cases_for([PROMPT_LOOKUP], mode="greedy") if getattr(c.scenario, "target_kind", None)]
     assert sorted(c.scenario.target_kind for c in greedy) == sorted(TARGET_KIND_NAMES)

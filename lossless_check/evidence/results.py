@@ -175,7 +175,7 @@ class CaseResult:
 
     def explain(self) -> str:
         """One-line reason for the verdict."""
-        if self.verdict in ("error", "skipped") or self.mode in ("verifier", "greedy"):
+        if self.verdict in ("error", "skipped") or self.mode in ("verifier", "greedy", "options"):  # exact: the reason
             return self.reason
         parts = []
         evidence = self._evidence()

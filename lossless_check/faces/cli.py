@@ -32,7 +32,8 @@ DEFAULT_SCENARIO = "markov8"
 SCENARIO_NAMES = ("markov8", "iid8", "iid32-fast-tokenizers", "iid32-id-ordered-vocab", "bpe-fast-tokenizers",
                   "bpe-id-ordered-vocab", "zipf32k", "markov8-bf16", "zipf32k-bf16", "zipf32k-fp16",
                   "iid8-padded-drafter", "lm49k", "markov8-linear", "markov8-hybrid", "markov8-sliding",
-                  "markov8-static", "tiny-llama", "markov8-seq2seq")
+                  "markov8-static", "markov8-linear-full", "markov8-linear-sliding", "markov8-indexed",
+                  "markov8-static-indexed", "tiny-llama", "markov8-seq2seq")
 MATRICES = ("smoke", "default", "full")
 #: Whether the gate measures coverage unless told not to: off, as it costs more than 15% of the gate's time
 #: (side by side in benchmarks/coverage_table.py: 1.86 times on Python 3.11, whose tracer sees every line; the gate

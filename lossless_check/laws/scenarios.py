@@ -24,7 +24,8 @@ from lossless_check.laws.tables import FixedLogits
 TOKENIZER_KINDS = ("stub", "fast", "id-ordered", "bpe", "bpe-id-ordered")
 #: The caches a target may keep its history in besides one full-attention layer (the stubs of
 #: :mod:`.stateful`, which imports torch: named here so that this module does not).
-TARGET_KIND_NAMES = ("linear", "hybrid", "sliding", "static")
+TARGET_KIND_NAMES = ("linear", "hybrid", "sliding", "static", "linear-full", "linear-sliding", "indexed",
+                     "static-indexed")
 
 
 @dataclass(frozen=True)
@@ -338,9 +339,13 @@ _TARGET_KIND_TEXT = {
     "hybrid": "a linear-attention and a full-attention layer (as Qwen3-Next, Jamba)",
     "sliding": "a sliding-window layer (window 3) and a full-attention layer (as Mistral, Gemma)",
     "static": "a full-attention layer in a StaticCache (cache_implementation='static')",
+    "linear-full": "one layer holding a linear-attention state and attention keys (as Falcon-H1)",
+    "linear-sliding": "one layer holding a linear-attention state and a sliding window of keys (window 3)",
+    "indexed": "a sparse-attention layer with an indexer key cache (as DeepSeek V3.2)",
+    "static-indexed": "a sparse-attention layer with an indexer key cache, in a StaticCache",
 }
 #: ``markov8``'s tables with targets that keep their history in the caches the loop rolls back
-#: (:mod:`.stateful`): one scenario per target kind, ``markov8-linear`` ... ``markov8-static``.
+#: (:mod:`.stateful`): one scenario per target kind, ``markov8-linear`` ... ``markov8-static-indexed``.
 STATEFUL = {kind: Scenario(
     name=f"markov8-{kind}",
     target=DEFAULT.target,

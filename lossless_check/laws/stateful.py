@@ -10,13 +10,20 @@ installed release, one *target kind* each (:data:`TARGET_KINDS`):
 - ``linear``: one linear-attention layer (``LinearAttentionLayer``: a conv state and a recurrent state);
 - ``hybrid``: a linear-attention layer and a full-attention layer (as Qwen3-Next, Jamba);
 - ``sliding``: a sliding-window layer and a full-attention layer (as Mistral, Gemma), window 3;
-- ``static``: one full-attention layer of a ``StaticCache`` (``cache_implementation="static"``).
+- ``static``: one full-attention layer of a ``StaticCache`` (``cache_implementation="static"``);
+- ``linear-full``, ``linear-sliding``: one layer holding a linear-attention state and attention keys, full or in a
+  window (layer types ``hybrid``, ``hybrid_sliding``: ``LinearAttentionAndFullAttentionLayer``,
+  ``LinearAttentionAndSlidingWindowAttentionLayer``, as Falcon-H1 and Zamba2);
+- ``indexed``, ``static-indexed``: one sparse-attention layer, keys and a second, indexer key cache (layer type
+  ``indexed_attention``: ``DynamicIndexedLayer``, or ``StaticIndexedLayer`` in a ``StaticCache``; as DeepSeek V3.2
+  and GLM-MoE-DSA).
 
 Each layer keeps what a real one would, written through the cache's own methods: an attention layer
 the tokens (as keys, as :class:`FixedLogitsLM` does); a linear-attention layer, as a causal conv, the
 last :data:`CONV_KERNEL` inputs (its conv state) and, as its recurrent state, how many tokens it has
 read and the last ``CONV_KERNEL - 1`` of them (passing ``generate()`` the intermediate states it asks
-for, ``Cache.get_recurrent_states_to_keep``, exactly as Mamba2 and Qwen3-Next do).
+for, ``Cache.get_recurrent_states_to_keep``, exactly as Mamba2 and Qwen3-Next do); an indexed layer the
+tokens as keys and as indexer keys (``Cache.update_indexer``).
 
 **Why a check, and not just the law.** A real model's law depends on everything its state holds,
 so a state left wrong by a rollback changes its output. The fixed-logits tables depend only on the
@@ -24,7 +31,7 @@ position and the last token, which a wrong state need not touch: a Markov target
 from the input token, and the rollback bug of 5.25.0 (the recurrent state of one token too early)
 leaves that unchanged. So the stub compares what each of its states says about the history before
 the tokens it is given (their number, and the last tokens each one keeps: the conv window, the
-recurrent register, the attention keys, the sliding window) with each other and with the positions
+recurrent register, the attention keys, the sliding window, the indexer keys) with each other and with the positions
 ``generate()`` passes. Where they agree it emits the table's law at the position its *state* says
 (per-position tables read it there, as a Mamba knows where it is only from its state). Where they
 disagree it emits each row mirrored (token ``v`` gets the logit of ``V - 1 - v``): a law the table
@@ -69,7 +76,14 @@ TARGET_KINDS: dict[str, TargetKind] = {k.name: k for k in (
     TargetKind("hybrid", ("linear_attention", "full_attention"), True),
     TargetKind("sliding", ("sliding_attention", "full_attention"), False),
     TargetKind("static", ("full_attention",), False, cache_implementation="static"),
+    TargetKind("linear-full", ("hybrid",), True),
+    TargetKind("linear-sliding", ("hybrid_sliding",), True),
+    TargetKind("indexed", ("indexed_attention",), False),
+    TargetKind("static-indexed", ("indexed_attention",), False, cache_implementation="static"),
 )}
+#: Layer types that hold a linear-attention state (conv and recurrent), and those that hold attention keys.
+LINEAR_STATE_TYPES = ("linear_attention", "hybrid", "hybrid_sliding")
+KEY_TYPES = ("full_attention", "sliding_attention", "hybrid", "hybrid_sliding", "indexed_attention")
 
 
 class StatefulFixedLogitsConfig(FixedLogitsConfig):
@@ -84,7 +98,8 @@ class StatefulFixedLogitsConfig(FixedLogitsConfig):
         # Set after the base, which makes every stub one layer deep.
         self.layer_types = list(kind.layer_types)
         self.num_hidden_layers = len(kind.layer_types)
-        self.sliding_window = SLIDING_WINDOW if "sliding_attention" in kind.layer_types else None
+        slides = {"sliding_attention", "hybrid_sliding"} & set(kind.layer_types)
+        self.sliding_window = SLIDING_WINDOW if slides else None
         self.conv_kernel = CONV_KERNEL
 
 
@@ -153,12 +168,16 @@ class StatefulFixedLogitsLM(FixedLogitsLM):
             views.add(length=position_ids[0, 0])
         position = 0
         if cache is not None:
-            believed = {}
+            by_state, by_keys = None, 0
             for layer, layer_type in enumerate(self.kind.layer_types):
-                run = self._linear_layer if layer_type == "linear_attention" else self._attention_layer
-                believed[layer_type] = run(cache, layer, input_ids, views)
+                if layer_type in LINEAR_STATE_TYPES:
+                    by_state = self._linear_layer(cache, layer, input_ids, views)
+                if layer_type in KEY_TYPES:
+                    by_keys = self._attention_layer(cache, layer, input_ids, views)
+                if layer_type == "indexed_attention":
+                    self._indexer(cache, layer, input_ids, views)
             # A linear layer knows its position from its state only; an attention layer from its keys.
-            position = believed.get("linear_attention", believed.get("full_attention"))
+            position = by_state if by_state is not None else by_keys
         positions = torch.arange(position, position + input_ids.shape[1]).expand(input_ids.shape[0], -1)
         logits = self.table_logits(positions + 1, input_ids)
         if not views.agree():
@@ -184,6 +203,16 @@ class StatefulFixedLogitsLM(FixedLogitsLM):
         # A sliding layer shows the last ``window - 1`` tokens before the new ones; a full layer all of them.
         views.add(held[:-new], keeps=sliding - 1 if sliding else None, length=before)
         return before
+
+    def _indexer(self, cache, layer: int, input_ids: torch.Tensor, views: _Views) -> None:
+        """Write the tokens as indexer keys of layer ``layer`` (``Cache.update_indexer``); add what it held before
+        them, and how many, to ``views``."""
+        new = input_ids.shape[1]
+        keys = cache.update_indexer(_encoded(input_ids).to(torch.float32)[:, :, None], layer)[0, :, 0]
+        # A static indexer returns its whole buffer, filled up to the count it keeps (what its crop rolls back).
+        filled = getattr(cache.layers[layer], "indexer_cumulative_length", None)
+        held = keys[: int(filled)] if filled is not None else keys
+        views.add(held[:-new], length=held.shape[0] - new)
 
     def _linear_layer(self, cache, layer: int, input_ids: torch.Tensor, views: _Views) -> int:
         """Run linear-attention layer ``layer`` over the tokens; add what its states held to ``views``; return
@@ -281,6 +310,8 @@ def refusal(kind: str) -> str | None:
 
 __all__ = [
     "CONV_KERNEL",
+    "KEY_TYPES",
+    "LINEAR_STATE_TYPES",
     "REFUSALS",
     "SLIDING_WINDOW",
     "TARGET_KINDS",
