@@ -137,7 +137,8 @@ def main() -> int:
     parser.add_argument("--pair", choices=["word", "bpe", "both"], default="both", help="tokenizer pairs to run")
     args = parser.parse_args()
     if not hasattr(transformers.generation.candidate_generator, "AssistedCandidateGeneratorDifferentTokenizers"):
-        print(f"transformers {transformers.__version__} has no AssistedCandidateGeneratorDifferentTokenizers")
+        print(f"transformers {transformers.__version__} has no AssistedCandidateGeneratorDifferentTokenizers: "
+              "nothing to reproduce")
         return 0
     counter = RoundCounter()
     if args.assistant_units:
@@ -167,7 +168,8 @@ def main() -> int:
                 print(f"  {name} {text!r}: speculative {speculative[0].tolist()} != plain {plain[0].tolist()}")
         print(f"{name}: drafting rounds with nothing to prefill: {counter.nothing_to_prefill - empty} of "
               f"{counter.rounds - rounds}")
-    print(f"speculative greedy raises or differs from plain greedy in {failures} of {calls} calls")
+    outcome = "the bug reproduces" if failures else "consistent"
+    print(f"verdict: {outcome}: speculative greedy raises or differs from plain greedy in {failures} of {calls} calls")
     return 1 if failures else 0
 
 
