@@ -25,7 +25,8 @@ import pytest
 import transformers
 from packaging.version import Version
 
-from fixtures.releases import (CROSS_ATTENTIONS_SPLIT_HEADS, DIFFERENT_TOKENIZERS_TARGET_PROCESSORS, LOOP_STOPS_ON_PROMPT_EOS,
+from fixtures.releases import (CROSS_ATTENTIONS_SPLIT_HEADS, DIFFERENT_TOKENIZERS_CACHE_ROLLBACK_UNITS,
+                               DIFFERENT_TOKENIZERS_TARGET_PROCESSORS, LOOP_STOPS_ON_PROMPT_EOS,
                                PROMPT_LOOKUP_CRASHES_WITHOUT_EOS, PROMPT_LOOKUP_OVERSHOOTS, STATIC_CACHE_OVERFLOWS,
                                STATEFUL_ROLLBACK_ONE_STATE_SHORT, VERIFIER_ACCEPTS_AT_R_0, within)
 from lossless_check.outputs.repro import LEGACY_RELEASE
@@ -49,6 +50,8 @@ AFFECTED = {
     # the class keeps and passes the target's processors since it appeared (4.46.0 lines 159/225/513, 5.24.0
     # lines 166/320)
     "different_tokenizers_target_processors": DIFFERENT_TOKENIZERS_TARGET_PROCESSORS,
+    # _last_ids_length in the target's tokens for a rollback in the assistant's (5.25.0 lines 303/550)
+    "different_tokenizers_cache_rollback_units": DIFFERENT_TOKENIZERS_CACHE_ROLLBACK_UNITS,
     # is_done_candidate on a round without drafts (4.40.0 line 4659 ... 5.17.0 line 3857); 5.18.0 dropped it
     "prompt_lookup_nothing_after_eos_prompt": LOOP_STOPS_ON_PROMPT_EOS,
     # the loop records num_drafting_tokens states for a forward of one token more (5.25.0 line 4002); 5.24.0
@@ -180,6 +183,20 @@ def test_different_tokenizers_target_processors_reproduces(clean_python, tmp_pat
 def test_different_tokenizers_target_processors_control(clean_python, tmp_path):
     """Without a processor the two-tokenizer greedy output is plain greedy decoding's: exit 0 on every release."""
     proc = run_repro(clean_python, "different_tokenizers_target_processors", "--no-processors", tmp_path=tmp_path)
+    check_exit(proc, 0)
+
+
+def test_different_tokenizers_cache_rollback_units_reproduces(clean_python, tmp_path):
+    """Greedy two-tokenizer assisted decoding raises where the release rolls the assistant's cache back by a
+    length counted in the target's tokens (exact; two tiny Llama pairs, about 10 s)."""
+    proc = run_repro(clean_python, "different_tokenizers_cache_rollback_units", tmp_path=tmp_path)
+    check_exit(proc, 1 if affected("different_tokenizers_cache_rollback_units") else 0)
+
+
+def test_different_tokenizers_cache_rollback_units_control(clean_python, tmp_path):
+    """With the rolled-back length recorded in the assistant's tokens every call equals plain greedy: exit 0."""
+    proc = run_repro(clean_python, "different_tokenizers_cache_rollback_units", "--assistant-units",
+                     tmp_path=tmp_path)
     check_exit(proc, 0)
 
 

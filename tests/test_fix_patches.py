@@ -58,6 +58,8 @@ class Fix:
     release: str = PATCHED_RELEASE
     #: The unpatched run's verdict where the finding is not (the release refuses the run's scenario: ``skipped``).
     unaffected_verdict: str = "lossless"
+    #: Why no harness check can judge the fix, where none reaches the bug (then (b) is skipped with this reason).
+    harness_blind: str = ""
 
     def command(self) -> list[str]:
         """The CLI's check of the fix: a run of the generator (without the verifier's row, which judges
@@ -96,6 +98,11 @@ FIXES = {
         generator="PromptLookupCandidateGenerator", warpers="none", mode="generate", scenario="markov8-linear",
         samples=400), release="5.25.0",
         unaffected_verdict="skipped" if within(STATEFUL_TARGETS_REFUSED) else "lossless"),
+    # Exact in the repro only: the harness's two-tokenizer rows desynchronise the assistant's cache on 5.25.0
+    # (bpe-fast-tokenizers greedy: 92 of 150 rounds) but their fixed-logits drafters neither raise nor draft
+    # differently from a stale cache.
+    "different_tokenizers_cache_rollback_units": Fix((), None, release="5.25.0", harness_blind=(
+        "no harness case reaches the raise: its fixed-logits drafters ignore a stale assistant cache")),
     # Unpatched, generate() raises in the first samples (verdict error); 5.15-5.23 refuse a static cache.
     "static_cache_drafts_past_max_length": Fix((), dict(
         generator="PromptLookupCandidateGenerator", warpers="none", mode="generate", scenario="markov8-static",
@@ -168,6 +175,8 @@ def test_harness_judges_patched_generator_lossless(patched, tmp_path):
     ``lossless-check verifier``) on the patched copy exits 0."""
     finding, root = patched
     fix = FIXES[finding]
+    if fix.harness_blind:
+        pytest.skip(fix.harness_blind)
     pythonpath = os.pathsep.join((str(root), str(ROOT)))  # the patched transformers, then this worktree
     assert imported_from(sys.executable, pythonpath).is_relative_to(root)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=pythonpath)
