@@ -128,3 +128,22 @@ def test_the_combined_kinds_are_not_applicable_exactly_where_stateful_targets_ar
     for kind in ("linear-full", "linear-sliding"):
         assert (refusal(kind) is not None) == REFUSED, refusal(kind)
     assert refusal("indexed") is None
+
+
+def test_the_crop_only_kinds_take_the_smoke_stacks_in_generate_mode_and_the_first_four_the_whole_matrix():
+    from lossless_check.faces.case_lists import stateful_cases
+    from lossless_check.laws.matrix import matrix
+    from lossless_check.laws.scenarios import CROP_ONLY_KINDS
+    from lossless_check.subjects.adapters import resolve_generator
+
+    generator = resolve_generator(ASSISTED)
+    rows = stateful_cases([generator], matrix("default"))
+    stacks = {kind: [c.warpers for c in rows if c.scenario.target_kind == kind] for kind in STATEFUL}
+    for kind, taken in stacks.items():
+        expected = [w for w in matrix("default") if kind not in CROP_ONLY_KINDS or w in matrix("smoke")]
+        assert taken == expected or REFUSED, kind
+    greedy = stateful_cases([generator], [{}], mode="greedy")
+    assert {c.scenario.target_kind for c in greedy} == set(STATEFUL)
+    # stacks of the run's own with none of the smoke matrix: the crop-only kinds take the first
+    own = [{"top_p": 0.9}, {"min_p": 0.05}]
+    assert [c.warpers for c in stateful_cases([generator], own) if c.scenario.target_kind == "indexed"] == own[:1]

@@ -145,20 +145,27 @@ def greedy_cases(generators: list, stacks: list[dict[str, Any]], scenario: str |
 def stateful_cases(generators: list, stacks: list[dict[str, Any]], max_new_tokens: int = 4,
                    mode: str = "generate") -> list[Case]:
     """The rows of the targets that keep their history in state (``markov8-linear``, ``-hybrid``, ``-sliding``,
-    ``-static``: :data:`~lossless_check.laws.scenarios.STATEFUL`) for resolved ``generators``, in generate
-    (every stack) or greedy mode.
+    ``-static`` ...: :data:`~lossless_check.laws.scenarios.STATEFUL`) for resolved ``generators``, in generate
+    (every stack) or greedy mode. The kinds of :data:`~lossless_check.laws.scenarios.CROP_ONLY_KINDS` take in
+    generate mode only the stacks of the ``smoke`` matrix among ``stacks`` (the first stack where none is):
+    they are there to run their layer's ``crop``, and the whole matrix meets the same states on the first four.
 
     Where a generator cannot run on a kind at all (the release refuses the kind, or the family cannot pair
     with it: :func:`~lossless_check.modes.loop_models.target_kind_reason`), one row per mode says so
     (``skipped``, not applicable) instead of a row per stack.
     """
-    from lossless_check.laws.scenarios import STATEFUL
+    from lossless_check.laws.matrix import matrix
+    from lossless_check.laws.scenarios import CROP_ONLY_KINDS, STATEFUL
     from lossless_check.modes import skip_reason
 
+    smoke = matrix("smoke")
     cases = []
     for scenario in STATEFUL.values():
+        kind_stacks = stacks
+        if mode == "generate" and scenario.target_kind in CROP_ONLY_KINDS:
+            kind_stacks = [w for w in stacks if w in smoke] or stacks[:1]
         for g in generators:
-            rows = [Case(g, w, mode, scenario, max_new_tokens) for w in stacks]
+            rows = [Case(g, w, mode, scenario, max_new_tokens) for w in kind_stacks]
             cases += rows[:1] if rows and skip_reason(rows[0]) is not None else rows
     return cases
 

@@ -26,6 +26,10 @@ TOKENIZER_KINDS = ("stub", "fast", "id-ordered", "bpe", "bpe-id-ordered")
 #: :mod:`.stateful`, which imports torch: named here so that this module does not).
 TARGET_KIND_NAMES = ("linear", "hybrid", "sliding", "static", "linear-full", "linear-sliding", "indexed",
                      "static-indexed")
+#: The kinds that add one more cache layer's ``crop`` to those of the first four (a linear state beside keys,
+#: an indexer key cache): their law and their states are the first four's, so the warper matrix meets the
+#: rollback on those; these run the ``smoke`` stacks in generate mode (:func:`~lossless_check.faces.case_lists.stateful_cases`).
+CROP_ONLY_KINDS = ("linear-full", "linear-sliding", "indexed", "static-indexed")
 
 
 @dataclass(frozen=True)
