@@ -119,6 +119,21 @@ def test_guarded_blocks_are_out_of_reach_with_their_reason():
     assert "synced_gpus" in guarded[3] and "multimodal" in guarded[5]
 
 
+def test_an_else_whose_if_generate_always_takes_is_out_of_reach_and_its_if_body_is_not():
+    from lossless_check.subjects.code_scope import guarded_lines
+
+    source = "\n".join([
+        "def get_candidates(self, ids):",                         # 1
+        "    if self.logits_processor is not None:",              # 2
+        "        ids = self.logits_processor(ids)",               # 3 (a gap if never run)
+        "    else:",                                              # 4
+        "        ids = ids.argmax(-1)",                           # 5
+        "    return ids",                                         # 6
+    ])
+    guarded = guarded_lines(source)
+    assert set(guarded) == {5} and "LogitsProcessorList" in guarded[5]
+
+
 def test_line_ranges():
     assert line_ranges([9, 3, 4, 5]) == [[3, 5], [9, 9]]
 

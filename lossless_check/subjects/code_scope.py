@@ -130,13 +130,23 @@ _GUARDS: tuple[tuple[str, str, object], ...] = (
     (r"\bmm_encoder_outputs\b", "multimodal targets only (pre-encoded image or audio features)", lambda: True),
     (r"\bcross_attention_mask\b", "multimodal targets only (Mllama's cross_attention_mask)", lambda: True),
     (r"\bimage_attention_mask\b", "multimodal targets only (IDEFICS's image_attention_mask)", lambda: True),
+    (r"^not torch\.is_tensor\(compare_mat\)$", "dead for tensors: compare_mat is `==` of two tensors, a tensor",
+     lambda: True),
+    (r"^not self\.is_indexer_initialized or self\.indexer_keys\.numel\(\) == 0$",
+     "an indexed layer cropped before any indexer key was written: every indexed model of the release writes its "
+     "indexer keys in each forward, and generate() crops only after a forward", lambda: True),
+)
+#: The same for the ``else`` of such an ``if``.
+_ELSE_GUARDS: tuple[tuple[str, str, object], ...] = (
+    (r"^self\.logits_processor is not None$", "a generator built with logits_processor=None: generate() always "
+     "passes it a LogitsProcessorList (GenerationMixin._get_candidate_generator)", lambda: True),
 )
 _RAISE = re.compile(r"^raise\s+([A-Za-z_][\w.]*)")
 
 
 def guarded_lines(source: str) -> dict[int, str]:
     """The lines of ``source`` (a module's text) inside the body of an ``if`` that a guard of :data:`_GUARDS`
-    names, with the guard's reason: out of reach wherever they are, whatever a case does."""
+    names (or its ``else``: :data:`_ELSE_GUARDS`), with the guard's reason: out of reach wherever they are, whatever a case does."""
     import ast
 
     try:
@@ -148,12 +158,13 @@ def guarded_lines(source: str) -> dict[int, str]:
         if not isinstance(node, ast.If):
             continue
         test = ast.get_source_segment(source, node.test) or ""
-        for pattern, reason, applies in _GUARDS:
-            if re.search(pattern, test) and applies():
-                for statement in node.body:
-                    for line in range(statement.lineno, statement.end_lineno + 1):
-                        lines.setdefault(line, reason)
-                break
+        for guards, body in ((_GUARDS, node.body), (_ELSE_GUARDS, node.orelse)):
+            for pattern, reason, applies in guards:
+                if re.search(pattern, test) and applies():
+                    for statement in body:
+                        for line in range(statement.lineno, statement.end_lineno + 1):
+                            lines.setdefault(line, reason)
+                    break
     return lines
 
 
