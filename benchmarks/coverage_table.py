@@ -33,9 +33,10 @@ def _python(release: str | None) -> str:
     return str(environment(release, say=lambda line: print(line, file=sys.stderr)))
 
 
-def _gate(python: str, generator: str, out: Path, matrix: str, workers: int, coverage: bool) -> tuple[int, float]:
+def _gate(python: str, generator: str, out: Path, matrix: str, workers: int, coverage: bool,
+          trials: tuple[str, ...] = ()) -> tuple[int, float]:
     command = [python, "-m", "lossless_check", "gate", "--generator", generator, "--matrix", matrix, "--workers",
-               str(workers), "--out", str(out), "--quiet", "--coverage" if coverage else "--no-coverage"]
+               str(workers), "--out", str(out), "--quiet", "--coverage" if coverage else "--no-coverage", *trials]
     started = time.perf_counter()
     code = subprocess.run(command, cwd=ROOT, stdout=subprocess.DEVNULL).returncode
     return code, time.perf_counter() - started
@@ -49,7 +50,7 @@ def _loaded(data_file: Path):
     return cov
 
 
-def external_gate(python: str, generator: str, out: Path, matrix: str) -> Path:
+def external_gate(python: str, generator: str, out: Path, matrix: str, trials: tuple[str, ...] = ()) -> Path:
     """``generator``'s gate run under coverage.py's own ``coverage run`` (one process: ``--workers 1``), measuring
     the same files, without the gate's ``--coverage``; the path of its data file."""
     from lossless_check.subjects.code_scope import subject_files
@@ -59,7 +60,7 @@ def external_gate(python: str, generator: str, out: Path, matrix: str) -> Path:
     include = ",".join(f.path for f in subject_files())
     subprocess.run([python, "-m", "coverage", "run", f"--data-file={data}", "--branch", f"--include={include}", "-m",
                     "lossless_check", "gate", "--generator", generator, "--matrix", matrix, "--workers", "1",
-                    "--out", str(out / "external-gate"), "--quiet", "--no-coverage"], cwd=ROOT,
+                    "--out", str(out / "external-gate"), "--quiet", "--no-coverage", *trials], cwd=ROOT,
                    stdout=subprocess.DEVNULL, check=False)
     return data
 
@@ -99,14 +100,21 @@ def combined_report(gate_dirs: list[Path], out: Path):
     return build_report(_loaded(path), subject_files(), processes=len(gate_dirs))
 
 
-def page(report, release: str, command: str, gates: dict, overhead: str, matrix: str) -> str:
+def page(report, release: str, command: str, gates: dict, overhead: str, matrix: str,
+         trials: tuple[str, ...] = ()) -> str:
     """The docs page: the command, the totals, the headline functions, then every function."""
     from lossless_check.outputs.coverage_report import coverage_markdown
 
     lines = ["# What the gate executes (coverage)", "",
              f"Measured on transformers {release} with `--coverage` (coverage.py, statements and branches, every "
              f"process) over the gate of every built-in generator, matrix `{matrix}`; this page is written by "
-             f"`{command}`.", "", "| gate | exit |", "|---|---|"]
+             f"`{command}`.", ""]
+    if trials:
+        lines += [f"Every case of those gates ran with `{' '.join(trials)}`: the first trials of the default gate's "
+                  f"(a case's chunks are seeded by their index, and stop where the default's do), so the figures "
+                  f"are a lower bound on what the default gate executes. The exit codes are those of the smaller "
+                  f"gates.", ""]
+    lines += ["| gate | exit |", "|---|---|"]
     lines += [f"| `{name}` | {code} |" for name, code in gates.items()]
     lines += ["", overhead, "", "## Totals", "",
               "| code | statements run | share | in reach | branches taken |", "|---|---|---|---|---|"]
@@ -131,6 +139,10 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("coverage-table"))
     parser.add_argument("--doc", type=Path, default=None, help="write the page here")
     parser.add_argument("--overhead", metavar="GENERATOR", default=None)
+    parser.add_argument("--samples", type=int, default=None,
+                        help="trials per case (the gate's default when left out). A case's chunks are seeded by "
+                             "their index, so fewer trials run the first of the default's: a lower bound")
+    parser.add_argument("--generate-samples", type=int, default=None, help="trials per generate-mode case")
     parser.add_argument("--agreement", metavar="GENERATOR", default=None,
                         help="also run GENERATOR's gate under coverage.py's own `coverage run` and compare its data "
                              "with the gate's own report")
@@ -145,13 +157,16 @@ def main() -> int:
 
     from lossless_check.subjects.adapters import DEFAULT_GENERATORS
 
+    trials = tuple(str(a) for flag, n in (("--samples", args.samples), ("--generate-samples", args.generate_samples))
+                   if n is not None for a in (flag, n))
     release = transformers.__version__
     exits = args.out / "exits.json"
     gates = json.loads(exits.read_text()) if args.combine_only and exits.is_file() else {}
     dirs = [args.out / generator for generator in DEFAULT_GENERATORS]
     for generator, folder in zip(DEFAULT_GENERATORS, dirs, strict=True):
         if not args.combine_only:
-            gates[generator], seconds = _gate(sys.executable, generator, folder, args.matrix, args.workers, True)
+            gates[generator], seconds = _gate(sys.executable, generator, folder, args.matrix, args.workers, True,
+                                              trials)
             print(f"{generator}: exit {gates[generator]} in {seconds:.0f} s", file=sys.stderr)
             exits.write_text(json.dumps(gates))
     overhead = ""
@@ -159,7 +174,7 @@ def main() -> int:
         times: dict[bool, list[float]] = {False: [], True: []}
         for coverage in (False, True, True, False):
             times[coverage].append(_gate(sys.executable, args.overhead, args.out / "overhead", args.matrix,
-                                         args.workers, coverage)[1])
+                                         args.workers, coverage, trials)[1])
         ratio = sum(times[True]) / sum(times[False])
         overhead = (f"Cost of `--coverage` (gate of `{args.overhead}`, matrix {args.matrix}, {args.workers} workers, "
                     f"each way twice, alternating): {sum(times[False]) / 2:.0f} s without, "
@@ -172,16 +187,16 @@ def main() -> int:
                  f"({', '.join(f.module for f in report.files)}): made by another checkout's release environment? "
                  f"Run the gates again from this checkout (without --combine-only).")
     if args.agreement:
-        said = agreement(external_gate(sys.executable, args.agreement, args.out, args.matrix),
+        said = agreement(external_gate(sys.executable, args.agreement, args.out, args.matrix, trials),
                          args.out / args.agreement / "coverage.data")
         overhead += (f"\n\nAgreement with coverage.py's own `coverage run` of the gate of `{args.agreement}` (one "
                      f"process) and the gate's report ({args.workers} workers): {said}.")
         print(said, file=sys.stderr)
     command = (f"python benchmarks/coverage_table.py --transformers {release} --matrix {args.matrix} --workers "
-               f"{args.workers}" + (f" --overhead {args.overhead}" if args.overhead else "")
+               f"{args.workers}" + "".join(f" {a}" for a in trials) + (f" --overhead {args.overhead}" if args.overhead else "")
                + (f" --agreement {args.agreement}" if args.agreement else "")
                + (f" --doc {args.doc}" if args.doc else ""))
-    text = page(report, release, command, gates, overhead, args.matrix)
+    text = page(report, release, command, gates, overhead, args.matrix, trials)
     if args.doc:
         args.doc.write_text(text)
     print(report.headline())

@@ -32,7 +32,8 @@ import pytest
 from packaging.version import Version
 
 from fixtures.readme import PLUGIN_PAGE, api_example, assert_api_example_output, python_files, shown
-from fixtures.releases import CROSS_ATTENTIONS_SPLIT_HEADS, STATEFUL_ROLLBACK_ONE_STATE_SHORT, within
+from fixtures.releases import (CROSS_ATTENTIONS_SPLIT_HEADS, STATEFUL_ROLLBACK_ONE_STATE_SHORT,
+                               STATIC_INDEXER_POSITIONS_KEPT, within)
 from lossless_check.laws.stateful import TARGET_KINDS
 
 # heavy: minutes of build, install and subprocesses; .ci/run runs it in its second step.
@@ -222,13 +223,16 @@ def test_a_downstream_project_from_the_wheel(tmp_path):
     race = json.loads((project / "gate-race" / "report.json").read_text())["cases"]
     # Lossless wherever it ran (the stateful targets a release refuses are not applicable), except where the
     # project's release has a finding every generator shares, the race drafter too: on targets with recurrent
-    # state (findings/stateful_rollback_one_state_short) and in the options row of the encoder-decoder target
+    # state (findings/stateful_rollback_one_state_short), on the static indexed cache
+    # (findings/static_indexer_positions_not_cropped) and in the options row of the encoder-decoder target
     # (findings/cross_attentions_split_heads).
     release = Version(TRANSFORMERS.split("==")[1])
     recurrent = {f"markov8-{kind.name}" for kind in TARGET_KINDS.values() if kind.stateful}
 
     def expected(case) -> str:
         rollback = case["scenario"] in recurrent and within(STATEFUL_ROLLBACK_ONE_STATE_SHORT, release)
+        rollback = rollback or case["scenario"] == "markov8-static-indexed" and within(
+            STATIC_INDEXER_POSITIONS_KEPT, release)
         split = case["mode"] == "options" and case["scenario"] == "markov8-seq2seq" and within(
             CROSS_ATTENTIONS_SPLIT_HEADS, release)
         return "not_lossless" if rollback or split else "lossless"

@@ -28,7 +28,8 @@ from packaging.version import Version
 from fixtures.releases import (CROSS_ATTENTIONS_SPLIT_HEADS, DIFFERENT_TOKENIZERS_CACHE_ROLLBACK_UNITS,
                                DIFFERENT_TOKENIZERS_TARGET_PROCESSORS, LOOP_STOPS_ON_PROMPT_EOS,
                                PROMPT_LOOKUP_CRASHES_WITHOUT_EOS, PROMPT_LOOKUP_OVERSHOOTS, STATIC_CACHE_OVERFLOWS,
-                               STATEFUL_ROLLBACK_ONE_STATE_SHORT, VERIFIER_ACCEPTS_AT_R_0, within)
+                               STATEFUL_ROLLBACK_ONE_STATE_SHORT, STATIC_INDEXER_POSITIONS_KEPT, VERIFIER_ACCEPTS_AT_R_0,
+                               within)
 from lossless_check.outputs.repro import LEGACY_RELEASE
 from lossless_check.laws.stubs import LEGACY_GENERATION
 
@@ -62,6 +63,9 @@ AFFECTED = {
     # the cross-attentions are narrowed along dimension 1, the heads (5.25.0 lines 4214, 4553/4566); 5.24.0 sliced
     # the queries
     "cross_attentions_split_heads": CROSS_ATTENTIONS_SPLIT_HEADS,
+    # StaticIndexedLayer.crop leaves indexer_position_ids (5.25.0 lines 730-736 vs 382-383); 5.21-5.23 refuse a
+    # static cache (the script says there is nothing to reproduce)
+    "static_indexer_positions_not_cropped": STATIC_INDEXER_POSITIONS_KEPT,
 }
 
 #: What a script may import: the standard library modules below, torch, transformers and
@@ -247,4 +251,17 @@ def test_cross_attentions_split_heads_reproduces(clean_python, tmp_path):
 def test_cross_attentions_split_heads_control(clean_python, tmp_path):
     """The same calls without output_attentions: the tokens are plain decoding's on every release (exit 0)."""
     proc = run_repro(clean_python, "cross_attentions_split_heads", "--no-attentions", tmp_path=tmp_path)
+    check_exit(proc, 0)
+
+
+def test_static_indexer_positions_not_cropped_reproduces(clean_python, tmp_path):
+    """Exact (greedy prompt lookup against plain greedy decoding on a static cache): a tiny Qwen4-exp, about 15 s."""
+    proc = run_repro(clean_python, "static_indexer_positions_not_cropped", tmp_path=tmp_path)
+    check_exit(proc, 1 if affected("static_indexer_positions_not_cropped") else 0)
+
+
+@pytest.mark.parametrize("control", ["--dynamic-cache", "--fix"])
+def test_static_indexer_positions_not_cropped_controls(clean_python, tmp_path, control):
+    """The dynamic cache, whose crop cuts the positions, and the static one with the fix: plain decoding's tokens."""
+    proc = run_repro(clean_python, "static_indexer_positions_not_cropped", control, tmp_path=tmp_path)
     check_exit(proc, 0)

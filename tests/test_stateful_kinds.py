@@ -16,7 +16,7 @@ import pytest
 import torch
 from test_stateful import _cache, _case, _forward, _generate, _KeepOneMore, _replace_layer, _table_logits
 
-from fixtures.releases import STATEFUL_TARGETS_REFUSED, within
+from fixtures.releases import STATEFUL_TARGETS_REFUSED, STATIC_INDEXER_POSITIONS_KEPT, within
 from lossless_check.laws.scenarios import STATEFUL
 from lossless_check.laws.stateful import refusal, target_lm
 from lossless_check.modes.greedy import run_greedy_case
@@ -97,9 +97,33 @@ class _OverCroppingIndexer:
             self.indexer_cumulative_length.sub_(1)
 
 
+class _CropsTheIndexerPositions:
+    """A static indexed layer whose crop also rolls back the indexer's positions, as the dynamic one does
+    (findings/static_indexer_positions_not_cropped's fix)."""
+
+    def crop(self, tokens_to_remove):
+        super().crop(tokens_to_remove)
+        if tokens_to_remove and self.indexer_position_ids is not None:
+            self.indexer_position_ids = self.indexer_position_ids[..., : -abs(tokens_to_remove)]
+
+
 def _fixed_rollback(monkeypatch, layer_type):
     """The stateful rollback finding's fix in place: the combined layer records one recurrent state more."""
     _replace_layer(monkeypatch, layer_type, _KeepOneMore)
+
+
+@pytest.mark.skipif(not within(STATIC_INDEXER_POSITIONS_KEPT), reason="the release's static indexed crop is not "
+                    "the one of findings/static_indexer_positions_not_cropped")
+def test_the_static_indexed_crop_of_this_release_keeps_the_rejected_drafts_positions(monkeypatch):
+    """This release's ``StaticIndexedLayer.crop`` rolls back the keys and the indexer keys, not the positions the
+    indexer keeps (findings/static_indexer_positions_not_cropped): after a rejection they name more tokens than
+    the cache holds, a history Qwen4-exp's indexer reads its rotary positions from. Not lossless through the real
+    loop in both modes; with the finding's fix, lossless."""
+    assert _generate(ASSISTED, "static-indexed").verdict == "not_lossless"
+    assert run_greedy_case(_case(ASSISTED, "static-indexed", "greedy")).verdict == "not_lossless"
+    _replace_layer(monkeypatch, "indexed_attention", _CropsTheIndexerPositions, True)
+    assert _generate(ASSISTED, "static-indexed").verdict == "lossless"
+    assert run_greedy_case(_case(ASSISTED, "static-indexed", "greedy")).verdict == "lossless"
 
 
 @pytest.mark.heavy
@@ -117,6 +141,8 @@ def test_a_crop_that_restores_the_wrong_state_is_caught_and_the_release_crop_pas
         pytest.skip(refusal(kind))
     if kind.startswith("linear"):
         _fixed_rollback(monkeypatch, layer_type)
+    if kind == "static-indexed" and within(STATIC_INDEXER_POSITIONS_KEPT):
+        _replace_layer(monkeypatch, layer_type, _CropsTheIndexerPositions, static)
     assert _generate(ASSISTED, kind).verdict == "lossless"
     assert run_greedy_case(_case(ASSISTED, kind, "greedy")).verdict == "lossless"
     _replace_layer(monkeypatch, layer_type, mutant, static)

@@ -16,14 +16,14 @@ installed release, one *target kind* each (:data:`TARGET_KINDS`):
   ``LinearAttentionAndSlidingWindowAttentionLayer``, as Falcon-H1 and Zamba2);
 - ``indexed``, ``static-indexed``: one sparse-attention layer, keys and a second, indexer key cache (layer type
   ``indexed_attention``: ``DynamicIndexedLayer``, or ``StaticIndexedLayer`` in a ``StaticCache``; as DeepSeek V3.2
-  and GLM-MoE-DSA).
+  and GLM-MoE-DSA), whose first indexed layer also keeps the positions of the tokens, as Qwen4-exp does.
 
 Each layer keeps what a real one would, written through the cache's own methods: an attention layer
 the tokens (as keys, as :class:`FixedLogitsLM` does); a linear-attention layer, as a causal conv, the
 last :data:`CONV_KERNEL` inputs (its conv state) and, as its recurrent state, how many tokens it has
 read and the last ``CONV_KERNEL - 1`` of them (passing ``generate()`` the intermediate states it asks
 for, ``Cache.get_recurrent_states_to_keep``, exactly as Mamba2 and Qwen3-Next do); an indexed layer the
-tokens as keys and as indexer keys (``Cache.update_indexer``).
+tokens as keys and as indexer keys (``Cache.update_indexer``), and their positions (``indexer_position_ids``).
 
 **Why a check, and not just the law.** A real model's law depends on everything its state holds,
 so a state left wrong by a rollback changes its output. The fixed-logits tables depend only on the
@@ -31,7 +31,7 @@ position and the last token, which a wrong state need not touch: a Markov target
 from the input token, and the rollback bug of 5.25.0 (the recurrent state of one token too early)
 leaves that unchanged. So the stub compares what each of its states says about the history before
 the tokens it is given (their number, and the last tokens each one keeps: the conv window, the
-recurrent register, the attention keys, the sliding window, the indexer keys) with each other and with the positions
+recurrent register, the attention keys, the sliding window, the indexer keys and positions) with each other and with the positions
 ``generate()`` passes. Where they agree it emits the table's law at the position its *state* says
 (per-position tables read it there, as a Mamba knows where it is only from its state). Where they
 disagree it emits each row mirrored (token ``v`` gets the logit of ``V - 1 - v``): a law the table
@@ -176,6 +176,10 @@ class StatefulFixedLogitsLM(FixedLogitsLM):
                     by_keys = self._attention_layer(cache, layer, input_ids, views)
                 if layer_type == "indexed_attention":
                     self._indexer(cache, layer, input_ids, views)
+                    # Where the release's layer keeps positions at all (those with a model that writes them).
+                    if (layer == self.kind.layer_types.index("indexed_attention")
+                            and hasattr(cache.layers[layer], "indexer_position_ids")):
+                        self._indexer_positions(cache.layers[layer], input_ids, position_ids, views)
             # A linear layer knows its position from its state only; an attention layer from its keys.
             position = by_state if by_state is not None else by_keys
         positions = torch.arange(position, position + input_ids.shape[1]).expand(input_ids.shape[0], -1)
@@ -213,6 +217,19 @@ class StatefulFixedLogitsLM(FixedLogitsLM):
         filled = getattr(cache.layers[layer], "indexer_cumulative_length", None)
         held = keys[: int(filled)] if filled is not None else keys
         views.add(held[:-new], length=held.shape[0] - new)
+
+    @staticmethod
+    def _indexer_positions(layer, input_ids: torch.Tensor, position_ids: torch.Tensor | None, views: _Views) -> None:
+        """Append the tokens' positions to the indexer's position history of ``layer``, as Qwen4-exp keeps it on
+        its first indexed layer (``indexer_position_ids``: its indexer's rotary positions of every cached token,
+        which the layer's ``crop`` rolls back); add how many it held before them to ``views``."""
+        before = layer.indexer_position_ids
+        held = 0 if before is None else before.shape[-1]
+        new = (position_ids if position_ids is not None
+               else torch.arange(held, held + input_ids.shape[1]).expand(input_ids.shape[0], -1))
+        new = new[None].expand(3, -1, -1)  # Qwen4-exp's three rotary sections
+        layer.indexer_position_ids = new if before is None else torch.cat([before, new], dim=-1)
+        views.add(length=held)
 
     def _linear_layer(self, cache, layer: int, input_ids: torch.Tensor, views: _Views) -> int:
         """Run linear-attention layer ``layer`` over the tokens; add what its states held to ``views``; return
