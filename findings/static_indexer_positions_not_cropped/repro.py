@@ -102,8 +102,9 @@ def main() -> int:
             print(f"prompt {i}: differs at new token {at}: plain {int(plain[at])}, speculative {int(fast[at])}; an "
                   f"uncached forward prefers plain's by {float(logits[plain[at]] - logits[fast[at]]):.3f} logits")
     cache = "dynamic" if args.dynamic_cache else "static"
-    print(f"transformers {transformers.__version__}, {cache} cache{' with the fix' if args.fix else ''}: prompt "
-          f"lookup differs from plain greedy decoding in {differ} of {PROMPTS} calls")
+    print(f"verdict: {'NOT LOSSLESS' if differ else 'consistent with lossless'}: transformers "
+          f"{transformers.__version__}, {cache} cache{' with the fix' if args.fix else ''}: prompt lookup differs from "
+          f"plain greedy decoding in {differ} of {PROMPTS} calls")
     return 1 if differ else 0
 
 
