@@ -63,8 +63,8 @@ AFFECTED = {
     # the cross-attentions are narrowed along dimension 1, the heads (5.25.0 lines 4214, 4553/4566); 5.24.0 sliced
     # the queries
     "cross_attentions_split_heads": CROSS_ATTENTIONS_SPLIT_HEADS,
-    # StaticIndexedLayer.crop leaves indexer_position_ids (5.25.0 lines 730-736 vs 382-383); 5.21-5.23 refuse a
-    # static cache (the script says there is nothing to reproduce)
+    # StaticIndexedLayer.crop leaves indexer_position_ids (5.25.0 lines 730-736 vs 382-383); 5.21-5.24 refuse
+    # Qwen4-exp, a stateful model class (the script says there is nothing to reproduce)
     "static_indexer_positions_not_cropped": STATIC_INDEXER_POSITIONS_KEPT,
 }
 

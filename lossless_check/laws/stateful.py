@@ -16,7 +16,8 @@ installed release, one *target kind* each (:data:`TARGET_KINDS`):
   ``LinearAttentionAndSlidingWindowAttentionLayer``, as Falcon-H1 and Zamba2);
 - ``indexed``, ``static-indexed``: one sparse-attention layer, keys and a second, indexer key cache (layer type
   ``indexed_attention``: ``DynamicIndexedLayer``, or ``StaticIndexedLayer`` in a ``StaticCache``; as DeepSeek V3.2
-  and GLM-MoE-DSA), whose first indexed layer also keeps the positions of the tokens, as Qwen4-exp does.
+  and GLM-MoE-DSA), whose first indexed layer also keeps the positions of the tokens, as Qwen4-exp does where the
+  release runs it.
 
 Each layer keeps what a real one would, written through the cache's own methods: an attention layer
 the tokens (as keys, as :class:`FixedLogitsLM` does); a linear-attention layer, as a causal conv, the
@@ -176,9 +177,8 @@ class StatefulFixedLogitsLM(FixedLogitsLM):
                     by_keys = self._attention_layer(cache, layer, input_ids, views)
                 if layer_type == "indexed_attention":
                     self._indexer(cache, layer, input_ids, views)
-                    # Where the release's layer keeps positions at all (those with a model that writes them).
                     if (layer == self.kind.layer_types.index("indexed_attention")
-                            and hasattr(cache.layers[layer], "indexer_position_ids")):
+                            and hasattr(cache.layers[layer], "indexer_position_ids") and _positions_kept()):
                         self._indexer_positions(cache.layers[layer], input_ids, position_ids, views)
             # A linear layer knows its position from its state only; an attention layer from its keys.
             position = by_state if by_state is not None else by_keys
@@ -295,6 +295,14 @@ _variants: dict[type, type] = {}
 #: a static cache ("assisted generate is not supported with Static cache classes").
 REFUSALS = ("not supported with stateful models", "requires a cache that can be cropped",
             "not supported with Static cache")
+
+
+@cache
+def _positions_kept() -> bool:
+    """Whether an indexed target keeps the indexer's positions here: where the release's layers hold them and lets
+    the one model that writes them, Qwen4-exp, verify drafts. It is a stateful model class, which releases before
+    5.25 refuse ("not supported with stateful models")."""
+    return refusal("linear") is None
 
 
 @cache
