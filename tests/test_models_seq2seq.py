@@ -78,8 +78,6 @@ def test_untraceable_drafter_that_departs_is_not_lossless(bart_pair, tmp_path):
     assert row["exact"]["verdict"] == "gap" and row["statistical"]["rejected_at_token"] is not None
 
 
-# heavy (.ci/run's first step; issue 41): 20 s or more in the suite.
-@pytest.mark.heavy
 def test_correct_untraceable_drafter_is_lossless_with_power(bart_pair, tmp_path):
     """The Gumbel-max drafter that returns the law it samples, on the encoder-decoder pair: exact gap, and 256
     decoder tokens give power 0.99 at TV 0.3 in every direction: ``lossless`` (false-fail rate at most 1e-6 plus
