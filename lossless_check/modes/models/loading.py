@@ -1,4 +1,5 @@
-"""A user's model pair and prompts: local checkpoints, offline, checked before any work."""
+"""A user's model pair and prompts: local checkpoints, offline, checked before any work; both decoder-only
+(``AutoModelForCausalLM``) or both encoder-decoder (``AutoModelForSeq2SeqLM``), as their saved configs say."""
 
 from __future__ import annotations
 
