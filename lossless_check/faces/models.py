@@ -119,7 +119,9 @@ def check_models(target: str, assistant: str, generators=None, warpers=None, pro
                  max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, samples: int = DEFAULT_SAMPLES,
                  alpha: float = DEFAULT_ALPHA, seed: int = 0, device: str = "cpu", workers: int = 1) -> ModelsResult:
     """Check speculative decoding with the user's own pair: ``target`` and ``assistant`` are local
-    ``save_pretrained`` folders (loaded with ``local_files_only=True``).
+    ``save_pretrained`` folders (loaded with ``local_files_only=True``), both decoder-only or both encoder-decoder
+    (``is_encoder_decoder`` in their configs: then a prompt is the encoder's input, and the tokens checked are the
+    decoder's after its start tokens).
 
     ``generators``: built-in names or ``module:attr`` classes (default: AssistedCandidateGenerator and
     PromptLookupCandidateGenerator; when the two folders hold different tokenizers, prompt lookup and

@@ -32,6 +32,8 @@ class DraftingRecord:
     max_inflation: float = 1.0
     gaps: list[str] = field(default_factory=list)
     first_inconsistency: str = ""
+    #: The ids the first drafting round was handed: the decoder's ids ``generate()`` began its loop with (one call's).
+    began_with: list = field(default_factory=list)
 
     @property
     def verdict(self) -> str:
@@ -55,7 +57,9 @@ class DraftingRecord:
                 f"(max TV {self.max_tv:.2g} <= {TOLERANCE:g})")
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "gaps": self.gaps[:5], "verdict": self.verdict, "reason": self.reason()}
+        report = {**asdict(self), "gaps": self.gaps[:5], "verdict": self.verdict, "reason": self.reason()}
+        del report["began_with"]  # a call's prompt, not a finding
+        return report
 
     def merge(self, other: DraftingRecord, call: int) -> None:
         """Add the record of ``generate()`` call ``call`` (1-based; its rounds are numbered within it)."""
@@ -68,6 +72,8 @@ class DraftingRecord:
             self.first_inconsistency = f"call {call}, {other.first_inconsistency}"
 
     def observe(self, input_ids, candidate_ids, candidate_logits, draws) -> None:
+        if not self.rounds:
+            self.began_with = input_ids[0].tolist()
         self.rounds += 1
         drafts = candidate_ids[0, input_ids.shape[1]:].tolist()
         self.drafted += len(drafts)

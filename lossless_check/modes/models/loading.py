@@ -1,4 +1,5 @@
-"""A user's model pair and prompts: local checkpoints, offline, checked before any work."""
+"""A user's model pair and prompts: local checkpoints, offline, checked before any work; both decoder-only
+(``AutoModelForCausalLM``) or both encoder-decoder (``AutoModelForSeq2SeqLM``), as their saved configs say."""
 
 from __future__ import annotations
 
@@ -24,16 +25,29 @@ def check_prompts_file(path: str | None) -> None:
         raise UsageError(f"--prompts {path!r} is not a file")
 
 
-def load_model(path: str, device: str, option: str):
-    """``AutoModelForCausalLM.from_pretrained(path, local_files_only=True)`` in eval mode on ``device``."""
-    from transformers import AutoModelForCausalLM
+def is_encoder_decoder(path: str, option: str) -> bool:
+    """What the saved config says (``AutoConfig``, offline): an encoder-decoder model or a decoder-only one."""
+    from transformers import AutoConfig
+
+    check_checkpoint_dir(path, option)
+    try:
+        return bool(AutoConfig.from_pretrained(path, local_files_only=True).is_encoder_decoder)
+    except Exception as exc:  # noqa: BLE001 - a broken or foreign config is the user's input
+        raise UsageError(f"{option} {path!r} cannot be loaded: {_first_line(exc)}") from None
+
+
+def load_model(path: str, device: str, option: str, encoder_decoder: bool = False):
+    """``AutoModelForSeq2SeqLM`` (``encoder_decoder``) or ``AutoModelForCausalLM`` ``.from_pretrained(path,
+    local_files_only=True)`` in eval mode on ``device``."""
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
     from lossless_check.subjects.adapters.mtp import _quiet_loading
 
     check_checkpoint_dir(path, option)
+    auto = AutoModelForSeq2SeqLM if encoder_decoder else AutoModelForCausalLM
     try:
         with _quiet_loading():
-            model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+            model = auto.from_pretrained(path, local_files_only=True)
     except Exception as exc:  # noqa: BLE001 - a broken or foreign checkpoint is the user's input
         raise UsageError(f"{option} {path!r} cannot be loaded: {_first_line(exc)}") from None
     try:
@@ -50,9 +64,23 @@ def load_pair(target: str, assistant: str, device: str) -> tuple:
     """Both models, loaded once per process (the run's own, or an engine worker's)."""
     key = (target, assistant, device)
     if key not in _LOADED:
+        encoder_decoder = check_same_kind(target, assistant)
         _LOADED.clear()  # one pair at a time: a model can be large
-        _LOADED[key] = (load_model(target, device, "--target"), load_model(assistant, device, "--assistant"))
+        _LOADED[key] = (load_model(target, device, "--target", encoder_decoder),
+                        load_model(assistant, device, "--assistant", encoder_decoder))
     return _LOADED[key]
+
+
+def check_same_kind(target: str, assistant: str) -> bool:
+    """Whether the pair is encoder-decoder; a one-line :class:`UsageError` when the two configs disagree (a
+    decoder-only assistant beside an encoder-decoder target, as generate() allows for Whisper, is not driven:
+    the drafter's laws that aim the bets come from an encoder-decoder pass)."""
+    mine, theirs = is_encoder_decoder(target, "--target"), is_encoder_decoder(assistant, "--assistant")
+    if mine != theirs:
+        kinds = {True: "an encoder-decoder", False: "a decoder-only"}
+        raise UsageError(f"--target {target!r} is {kinds[mine]} model and --assistant {assistant!r} is {kinds[theirs]} "
+                         f"one (is_encoder_decoder in their config.json): a model pair must be of one kind")
+    return mine
 
 
 def load_tokenizer(path: str, option: str = "--target"):

@@ -181,15 +181,18 @@ def greedy_equivalence(target, kwargs: dict, stack: dict, prompts: list[list[int
     speculative_config = copy.deepcopy(config)
     if family == PROMPT_LOOKUP:
         speculative_config.prompt_lookup_num_tokens = PROMPT_LOOKUP_TOKENS
+    # An encoder-decoder's outputs are its decoder's ids (the start tokens included: the same in both, or a difference).
+    decoder_only = not target.config.is_encoder_decoder
     differences = []
     for prompt in prompts:
         ids = torch.tensor([prompt], dtype=torch.long, device=device)
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
-            plain = target.generate(ids, generation_config=copy.deepcopy(config))[0, len(prompt):].tolist()
+            skip = len(prompt) if decoder_only else 0
+            plain = target.generate(ids, generation_config=copy.deepcopy(config))[0, skip:].tolist()
             try:
                 speculative = target.generate(ids, generation_config=copy.deepcopy(speculative_config),
-                                              **kwargs)[0, len(prompt):].tolist()
+                                              **kwargs)[0, skip:].tolist()
             except Exception as exc:  # noqa: BLE001
                 speculative = one_line(exc)
         if speculative != plain:

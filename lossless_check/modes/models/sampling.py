@@ -63,12 +63,16 @@ from lossless_check.stats.power import PowerCall
 #: Prompt lookup's draft length (generate()'s ``prompt_lookup_num_tokens``).
 PROMPT_LOOKUP_TOKENS = 4
 
-def _drafter_laws(model, processors, full: torch.Tensor, prompt_length: int) -> tuple[list, list]:
+def _drafter_laws(model, processors, full: torch.Tensor, prompt_length: int,
+                  encoder_ids: torch.Tensor | None = None) -> tuple[list, list]:
     """``model``'s processed and raw next-token laws after every prefix of the output (one uncached pass):
-    they aim the bets only."""
+    they aim the bets only. ``full``: the (decoder's) ids, its first ``prompt_length`` the prefix; an
+    encoder-decoder ``model`` reads ``encoder_ids`` in its encoder, and its processors see the decoder's ids, as
+    in generate()."""
     n = full.shape[1] - prompt_length
+    inputs = {"input_ids": full} if encoder_ids is None else {"input_ids": encoder_ids, "decoder_input_ids": full}
     with torch.no_grad():
-        logits = model(full, use_cache=False).logits[0, prompt_length - 1:prompt_length - 1 + n].float()
+        logits = model(**inputs, use_cache=False).logits[0, prompt_length - 1:prompt_length - 1 + n].float()
     laws, raw = [], []
     for t in range(n):
         row = logits[t:t + 1]
@@ -77,6 +81,19 @@ def _drafter_laws(model, processors, full: torch.Tensor, prompt_length: int) -> 
             row = processed(processors, full[:, :prompt_length + t], row.clone())
         laws.append(torch.softmax(row[0].double(), dim=-1).cpu().numpy())
     return laws, raw
+
+
+def _decoder_prefix(record: DraftingRecord, sequences: torch.Tensor) -> int | str:
+    """How many of an encoder-decoder's ``sequences`` are the decoder's start, not emitted: the ids generate()
+    handed its first drafting round (counted apart from the scores, so that the scores-number-the-tokens check
+    still means something); an error line when no round ran or the output does not begin with them."""
+    start = record.began_with
+    if not start:
+        return "generate() ran no drafting round: the decoder's start tokens cannot be told from emitted ones"
+    if sequences[0, :len(start)].tolist() != start:
+        return (f"generate() returned decoder ids beginning {sequences[0, :len(start)].tolist()}, not the start "
+                f"{start} its first drafting round was handed")
+    return len(start)
 
 
 def verifier_laws(scores) -> np.ndarray:
@@ -161,7 +178,10 @@ def observe_call(settings: RowSettings, call: int) -> CallObservation:
     observed = CallObservation(DraftingRecord())
     watched = intercepting(routed, vocab, observed.record)
     prompt = list(settings.prompts[call % len(settings.prompts)])
-    key = (settings.target, settings.device, format_warpers(stack), settings.max_new_tokens, len(prompt))
+    encoder_decoder = bool(target.config.is_encoder_decoder)
+    # An encoder-decoder model's processors may hold its encoder's input (encoder_repetition_penalty...): per prompt.
+    key = (settings.target, settings.device, format_warpers(stack), settings.max_new_tokens,
+           tuple(prompt) if encoder_decoder else len(prompt))
     with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device]), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         torch.manual_seed(settings.seed * 1_000_003 + call)
@@ -173,7 +193,11 @@ def observe_call(settings: RowSettings, call: int) -> CallObservation:
             observed.error = f"generate() raised {one_line(exc)}"
             return observed
         full = output.sequences
-        emitted = full[0, len(prompt):].tolist()
+        prefix = _decoder_prefix(observed.record, full) if encoder_decoder else len(prompt)
+        if isinstance(prefix, str):
+            observed.error = prefix
+            return observed
+        emitted = full[0, prefix:].tolist()
         if len(output.scores) != len(emitted):
             observed.error = (f"generate() returned {len(output.scores)} score rows for {len(emitted)} emitted tokens: "
                               f"the verifier's law cannot be aligned with the tokens")
@@ -181,10 +205,11 @@ def observe_call(settings: RowSettings, call: int) -> CallObservation:
         p_laws = verifier_laws(output.scores)
         try:
             if key not in _PROCESSORS:
-                probe = torch.zeros((1, len(prompt)), dtype=torch.long)
-                _PROCESSORS[key] = capture_processors(target, probe, stack, settings.max_new_tokens)[0]
+                probe = ids if encoder_decoder else torch.zeros((1, len(prompt)), dtype=torch.long)
+                _PROCESSORS[key] = capture_processors(target, probe.cpu(), stack, settings.max_new_tokens)[0]
             if assistant.get_output_embeddings().weight.shape[0] == target.get_output_embeddings().weight.shape[0]:
-                q_laws, q_raw = _drafter_laws(assistant, _PROCESSORS[key], full, len(prompt))
+                q_laws, q_raw = _drafter_laws(assistant, _PROCESSORS[key], full, prefix,
+                                              ids if encoder_decoder else None)
             else:  # prompt lookup beside an assistant of another vocabulary: nothing aims toward a q
                 q_laws = q_raw = list(p_laws)
                 observed.drafter_law = False
