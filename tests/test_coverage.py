@@ -145,3 +145,36 @@ def test_coverage_is_asked_for():
     assert parser.parse_args(["gate", "--generator", "X", "--coverage"]).coverage is True
     assert parser.parse_args(["run"]).coverage is False
     assert parser.parse_args(["run", "--coverage"]).coverage is True
+
+
+@pytest.mark.heavy  # greedy rows of the assistant model on every stateful kind, under coverage: about 60 s
+def test_the_stateful_kinds_run_every_crop_the_release_rolls_back():
+    """Every ``crop`` of the release's cache-layer kinds runs (or is out of reach with a reason) in the greedy rows
+    of the assistant model on the stateful kinds alone: the kinds are there for it (docs/reference/coverage.md
+    measures the whole gate). Negative control: without the ``indexed`` kind, ``DynamicIndexedLayer.crop`` never runs."""
+    from lossless_check.faces.case_lists import stateful_cases
+    from lossless_check.faces.coverage_option import measured
+    from lossless_check.laws.stateful import refusal
+    from lossless_check.modes.greedy import run_greedy_case
+    from lossless_check.subjects.adapters import resolve_generator
+
+    if refusal("linear") is not None:
+        pytest.skip(f"the release refuses stateful targets: {refusal('linear')}")
+    rows = stateful_cases([resolve_generator("AssistedCandidateGenerator")], [{}], mode="greedy")
+
+    def crops(cases):
+        with measured(["AssistedCandidateGenerator"]) as measurement:
+            for case in cases:
+                run_greedy_case(case)
+        return {f.function: f for f in measurement.report().functions() if f.function.endswith(".crop")}
+
+    every = crops(rows)
+    # The layer kinds only these targets hold (the gate's other cases run the rest: a sliding window's crop before
+    # the window fills, the encoder-decoder cache's, the static sliding layer's).
+    theirs = [f"{layer}.crop" for layer in ("DynamicLayer", "StaticLayer", "DynamicIndexedLayer", "StaticIndexedLayer",
+                                            "LinearAttentionCacheLayerMixin", "LinearAttentionAndFullAttentionLayer",
+                                            "LinearAttentionAndSlidingWindowAttentionLayer")]
+    assert set(theirs) <= set(every)
+    assert all(every[name].never_run == [] for name in theirs), {name: every[name].never_run for name in theirs}
+    without = crops([c for c in rows if c.scenario.target_kind != "indexed"])  # control
+    assert without["DynamicIndexedLayer.crop"].never_run
