@@ -28,7 +28,7 @@ from packaging.version import Version
 from fixtures.releases import (CROSS_ATTENTIONS_SPLIT_HEADS, DIFFERENT_TOKENIZERS_CACHE_ROLLBACK_UNITS,
                                DIFFERENT_TOKENIZERS_TARGET_PROCESSORS, LOOP_STOPS_ON_PROMPT_EOS,
                                PROMPT_LOOKUP_CRASHES_WITHOUT_EOS, PROMPT_LOOKUP_OVERSHOOTS, STATIC_CACHE_OVERFLOWS,
-                               STATEFUL_ROLLBACK_ONE_STATE_SHORT, STATIC_INDEXER_POSITIONS_KEPT, VERIFIER_ACCEPTS_AT_R_0,
+                               ENCODER_DECODER_ASSISTANT_REREADS, STATEFUL_ROLLBACK_ONE_STATE_SHORT, STATIC_INDEXER_POSITIONS_KEPT, VERIFIER_ACCEPTS_AT_R_0,
                                within)
 from lossless_check.outputs.repro import LEGACY_RELEASE
 from lossless_check.laws.stubs import LEGACY_GENERATION
@@ -66,6 +66,9 @@ AFFECTED = {
     # StaticIndexedLayer.crop leaves indexer_position_ids (5.25.0 lines 730-736 vs 382-383); 5.21-5.24 refuse
     # Qwen4-exp, a stateful model class (the script says there is nothing to reproduce)
     "static_indexer_positions_not_cropped": STATIC_INDEXER_POSITIONS_KEPT,
+    # no decoder mask for an encoder-decoder assistant: _prefill re-reads its ids (5.25.0 utils.py 4316-4336;
+    # candidate_generator.py 151-153); 5.25.0 also raises (its crop by _last_ids_length, line 303)
+    "encoder_decoder_assistant_rereads_its_input": ENCODER_DECODER_ASSISTANT_REREADS,
 }
 
 #: What a script may import: the standard library modules below, torch, transformers and
@@ -264,4 +267,16 @@ def test_static_indexer_positions_not_cropped_reproduces(clean_python, tmp_path)
 def test_static_indexer_positions_not_cropped_controls(clean_python, tmp_path, control):
     """The dynamic cache, whose crop cuts the positions, and the static one with the fix: plain decoding's tokens."""
     proc = run_repro(clean_python, "static_indexer_positions_not_cropped", control, tmp_path=tmp_path)
+    check_exit(proc, 0)
+
+
+def test_encoder_decoder_assistant_rereads_its_input_reproduces(clean_python, tmp_path):
+    """Exact (the assistant's cache against the sequence; 5.25.0: generate() raises): a tiny Bart pair, about 10 s."""
+    proc = run_repro(clean_python, "encoder_decoder_assistant_rereads_its_input", tmp_path=tmp_path)
+    check_exit(proc, 1 if affected("encoder_decoder_assistant_rereads_its_input") else 0)
+
+
+def test_encoder_decoder_assistant_rereads_its_input_control(clean_python, tmp_path):
+    """A decoder attention mask passed to generate(): the assistant's generate() cuts the ids; identical, bounded."""
+    proc = run_repro(clean_python, "encoder_decoder_assistant_rereads_its_input", "--decoder-mask", tmp_path=tmp_path)
     check_exit(proc, 0)

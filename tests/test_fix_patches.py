@@ -114,6 +114,10 @@ FIXES = {
     "static_indexer_positions_not_cropped": Fix((), dict(
         generator="AssistedCandidateGenerator", warpers="none", mode="generate", scenario="markov8-static-indexed",
         samples=400), release="5.25.0", unaffected_verdict="skipped" if within(STATIC_CACHE_REFUSED) else "lossless"),
+    # The gate's fixed-logits encoder-decoder stubs have no position table and draft the same from any cache.
+    "encoder_decoder_assistant_rereads_its_input": Fix((), None, release="5.25.0", harness_blind=(
+        "the fixed-logits encoder-decoder stubs neither read positions nor draft differently from a re-read cache; "
+        "`lossless-check models` on a Bart pair meets the 5.25.0 failure (tests/test_models_seq2seq.py)")),
     # Exact (shapes of what generate() returns): unpatched 5.25.0's options row is not lossless at its first call.
     "cross_attentions_split_heads": Fix((), dict(
         generator="AssistedCandidateGenerator", warpers="none", mode="options", scenario="markov8-seq2seq"),
