@@ -63,7 +63,9 @@ def test_all_lossless_headline():
     assert "Failing cases" not in to_html(result, doc, "g")
 
 
+# heavy (.ci/run's first step): 48 s alone (a smoke gate with the eight stateful kinds' generate and greedy rows).
 @needs(DFLASH)
+@pytest.mark.heavy
 def test_gate_runs_a_matrix_and_writes_reports(tmp_path):
     # 600 trials: each step case detects TV 0.3 with power 0.99, so DFlash (lossless) passes with evidence.
     code = gate("DFlashTokenCandidateGenerator", tmp_path, matrix_name="smoke", samples=600)

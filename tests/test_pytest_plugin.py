@@ -191,7 +191,9 @@ def test_marker_options_are_the_tests_defaults(pytester, monkeypatch):
     assert all(" --seed 5 " in c["reproduce"] for c in cases)
 
 
+# heavy (.ci/run's first step): 36 s alone.
 @needs(DFLASH)
+@pytest.mark.heavy
 def test_fuzz_checks_are_in_the_summary_and_the_report(pytester, monkeypatch):
     """A fuzz search is one check of its test: in the terminal summary and in --lossless-report (mode fuzz).
     800 trials a stack: a pass with power 0.99 at TV 0.3 (fewer is inconclusive, no pass)."""
