@@ -49,6 +49,8 @@ from lossless_check.modes.sample_size import samples_to_detect  # noqa: E402
 from lossless_check.laws.matrix import matrix  # noqa: E402
 from lossless_check.modes.generate import _setup as generate_setup, collect as collect_generations  # noqa: E402
 from lossless_check.modes.interception import VerifierDraws, inverse_cdf_tokens  # noqa: E402
+from lossless_check.modes.loop_round import one_round  # noqa: E402
+from subject_time import SubjectTime  # noqa: E402
 from lossless_check.modes.randomness import FRESH_CALLS  # noqa: E402
 from lossless_check.modes.replay import total_replays  # noqa: E402
 from lossless_check.modes.step import StepCase  # noqa: E402
@@ -149,13 +151,17 @@ def throughput_large(generator: str, scenario: str, warpers: dict, trials: int, 
     per_block = trials // blocks
     replays = round(per_block * total_replays(DEFAULT_SAMPLES) / DEFAULT_SAMPLES)
     fresh = round(per_block * FRESH_CALLS / DEFAULT_SAMPLES)
+    subject = SubjectTime()
     for block in range(blocks):
         bare += bare_verifier_loop_large(step, per_block)
         bare_same += bare_verifier_loop_large(step, per_block, same_draws=True)
-        harness += step.collect(per_block, seed=block, replays=replays, fresh=fresh).seconds
+        with subject:
+            harness += step.collect(per_block, seed=block, replays=replays, fresh=fresh).seconds
     n = per_block * blocks
     return {"generator": generator, "scenario": scenario, "vocab": case.scenario.vocab_size, "trials": n,
             "bare_samples_per_s": n / bare, "harness_samples_per_s": n / harness, "ratio": bare / harness,
+            # The subject's own get_candidates: a harness costing nothing else would reach bare / subject.
+            "subject_share": subject.seconds / harness, "ratio_ceiling": bare / subject.seconds,
             "bare_same_draws_samples_per_s": n / bare_same, "ratio_same_draws": bare_same / harness,
             "batch_note": step.batching[1]}
 
@@ -166,11 +172,12 @@ def print_large_throughput(rows: list[dict]) -> None:
 
     table = Table(title="step-mode throughput at large vocabularies: harness vs the bare-verifier loop (one process)")
     for col in ("generator", "scenario", "bare verifier samples/s", "harness samples/s", "harness / bare",
-                "bare, the harness's draws", "harness / that"):
+                "get_candidates' share", "ceiling", "bare, the harness's draws", "harness / that"):
         table.add_column(col)
     for row in rows:
         table.add_row(row["generator"], f"{row['scenario']} (V={row['vocab']:,})", f"{row['bare_samples_per_s']:.0f}",
-                      f"{row['harness_samples_per_s']:.0f}", f"{row['ratio']:.2f}x",
+                      f"{row['harness_samples_per_s']:.0f}", f"{row['ratio']:.2f}x", f"{row['subject_share']:.0%}",
+                      f"{row['ratio_ceiling']:.2f}x",
                       f"{row['bare_same_draws_samples_per_s']:.0f}", f"{row['ratio_same_draws']:.2f}x")
     Console().print(table)
 
@@ -202,11 +209,45 @@ def generate_throughput(generator: str, trials: int, blocks: int = 4, max_new_to
             "ratio": bare / harness}
 
 
-def print_generate_throughput(rows: list[dict]) -> None:
+def bare_round_loop(rounds, trials: int) -> float:
+    """Seconds for ``trials`` first rounds of ``generate()`` as a no-q step case calls it (the same stubs,
+    config and one-round stop), on the target's own class: without the harness's watch of each
+    ``get_candidates`` call (its randomness watch, the candidate checks, the bookkeeping). Releases up to
+    5.17 also ask the stop of the candidate: there the bare round keeps one token less."""
+    target = rounds.models.target
+    watched, target.__class__ = type(target), type(target).__mro__[1]
+    started = time.perf_counter()
+    try:
+        with torch.no_grad():
+            for _ in range(trials):
+                target.generate(rounds.prompt_ids, generation_config=rounds.config,
+                                stopping_criteria=one_round([]), **rounds.models.generate_kwargs)
+    finally:
+        target.__class__ = watched
+    return time.perf_counter() - started
+
+
+def round_throughput(generator: str, trials: int, blocks: int = 4) -> dict:
+    """A no-q generator's step rows (each trial one real ``generate()`` round, :mod:`~lossless_check.modes.loop_round`)
+    against :func:`bare_round_loop`, arms interleaved (markov8, ``top_k=3``)."""
+    step = StepCase(Case(resolve_generator(generator), {"top_k": 3}, scenario=DEFAULT))
+    rounds = step.loop_rounds
+    bare = harness = 0.0
+    per_block = trials // blocks
+    for block in range(blocks):
+        bare += bare_round_loop(rounds, per_block)
+        harness += rounds.collect(per_block, seed=block, width=step.positions).seconds
+    n = per_block * blocks
+    return {"generator": generator, "trials": n, "bare_samples_per_s": n / bare, "harness_samples_per_s": n / harness,
+            "ratio": bare / harness}
+
+
+def print_generate_throughput(rows: list[dict], title: str = "generate-mode throughput: harness vs a bare generate() "
+                                                               "loop (markov8, top_k=3, K=4, one process)") -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="generate-mode throughput: harness vs a bare generate() loop (markov8, top_k=3, K=4, one process)")
+    table = Table(title=title)
     for col in ("generator", "bare generate() samples/s", "harness samples/s", "harness / bare"):
         table.add_column(col)
     for row in rows:
@@ -278,13 +319,17 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run of the benchmark itself)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--large-only", action="store_true", help="only the large-vocabulary throughput table")
-    parser.add_argument("--generate-only", action="store_true", help="only the generate-mode throughput table")
+    parser.add_argument("--generate-only", action="store_true",
+                        help="only the generate-mode throughput tables (generate mode; a no-q generator's step rounds)")
     args = parser.parse_args()
     size = 400 if args.quick else 2000
     generate = [generate_throughput(g, 200 if args.quick else 1000) for g in GENERATE_GENERATORS]
+    rounds = [round_throughput("PromptLookupCandidateGenerator", 400 if args.quick else 2000)]
     if args.generate_only:
         print_generate_throughput(generate)
-        print(json.dumps(generate, indent=2))
+        print_generate_throughput(rounds, "a no-q generator's step rounds: harness vs the same generate() calls unwatched "
+                                          "(markov8, top_k=3, one process)")
+        print(json.dumps(generate + rounds, indent=2))
         return
     large = [throughput_large(g, name, w, 500 if args.quick else 2000)
              for name, w in LARGE_VOCABULARY_CASES for g in THROUGHPUT_GENERATORS]
@@ -297,6 +342,7 @@ def main() -> None:
         "throughput": [throughput(g, 400 if args.quick else 8000) for g in THROUGHPUT_GENERATORS],
         "throughput_large": large,
         "generate_throughput": generate,
+        "round_throughput": rounds,
         "scaling": scaling(size * 2),
         "samples_to_verdict": samples_to_verdict(2 if args.quick else 8, 5000),
         "clean_pass": clean_pass(0.2 if args.quick else 0.1),
@@ -316,6 +362,8 @@ def main() -> None:
     console.print(table)
     print_large_throughput(report["throughput_large"])
     print_generate_throughput(report["generate_throughput"])
+    print_generate_throughput(report["round_throughput"], "a no-q generator's step rounds: harness vs the same "
+                                                          "generate() calls unwatched (markov8, top_k=3, one process)")
     s = report["scaling"]
     console.print(f"scaling: workers 1 -> 2 speedup {s['speedup']:.2f}x on {s['cores']} cores "
                   f"({s['seconds_1']:.1f}s vs {s['seconds_2']:.1f}s), identical results")
