@@ -50,28 +50,35 @@ def test_an_exact_kind_is_found_and_shrunk_to_its_three_options_from_every_seed(
         assert set(parse_warpers(result.stack)) - set(AUXILIARY) == trigger(name), (seed, result.stack)
 
 
-# heavy (.ci/run's first step): 10 statistical covering passes to a trigger's stack (19 or 25 lossless stacks
-# first, about 60 s of CPU each), then one whole search with its statistical shrinking.
+# heavy (.ci/run's first step): a statistical covering pass to a trigger's stack (19 or 25 lossless stacks first,
+# about 60 s of CPU); one test a seed, so that the ten spread over the suite's workers.
 @pytest.mark.heavy
 @pytest.mark.slow
 @needs(DFLASH)
-def test_the_statistical_kind_is_found_by_the_covering_from_every_seed_and_shrunk():
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_statistical_kind_is_found_by_the_covering_from_every_seed(seed):
     """The exact pass is blind to it (a gap at every stack); the statistical pass's covering finds it at a
-    stack holding its trigger (there are two), from each of 10 seeds; a whole search shrinks it to the
-    trigger."""
+    stack holding its trigger (there are two), from each of 10 seeds."""
     name = f"fixtures.mutants.three_option:{STATISTICAL_KIND}"
     assert no_pairwise_matrix_stack_triggers(STATISTICAL_KIND)
     covering = fuzz_search.covering_of(SCENARIOS[fuzzing.DEFAULT_SCENARIO])
     holding = {format_warpers(stack) for stack in covering.stacks if trigger(STATISTICAL_KIND) <= set(stack)}
     share = fuzzing.alpha_of_covering(fuzzing.DEFAULT_ALPHA, len(covering.stacks))
-    for seed in SEEDS:
-        examiner = fuzz_search.Examiner(name, fuzzing.DEFAULT_SCENARIO, fuzzing.DEFAULT_SAMPLES, fuzzing.DEFAULT_ALPHA,
-                                     seed, lambda trials: None)
-        found = fuzz_search.covering_pass(examiner, covering, lambda stack, phase: fuzz_search.statistical_failure(
-            examiner.statistical(stack, phase, share)), shrink=False)
-        assert found is not None, seed
-        record, (verdict, _) = found
-        assert verdict == "not_lossless" and record["stack"] in holding, (seed, record)
+    examiner = fuzz_search.Examiner(name, fuzzing.DEFAULT_SCENARIO, fuzzing.DEFAULT_SAMPLES, fuzzing.DEFAULT_ALPHA,
+                                 seed, lambda trials: None)
+    found = fuzz_search.covering_pass(examiner, covering, lambda stack, phase: fuzz_search.statistical_failure(
+        examiner.statistical(stack, phase, share)), shrink=False)
+    assert found is not None, seed
+    record, (verdict, _) = found
+    assert verdict == "not_lossless" and record["stack"] in holding, (seed, record)
+
+
+# heavy (.ci/run's first step): one whole search with its statistical shrinking.
+@pytest.mark.heavy
+@pytest.mark.slow
+@needs(DFLASH)
+def test_a_whole_search_finds_the_statistical_kind_and_shrinks_it_to_its_trigger():
+    name = f"fixtures.mutants.three_option:{STATISTICAL_KIND}"
     result = fuzzing.fuzz(name, database=None)
     assert result.verdict == "not_lossless" and "--mode step" in result.reproduce, result.summary()
     assert not any(r.get("exact") == "inconsistent" for r in result.records)  # the exact pass cannot see it
