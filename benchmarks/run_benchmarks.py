@@ -227,6 +227,10 @@ def bare_round_loop(rounds, trials: int) -> float:
     return time.perf_counter() - started
 
 
+#: Title of :func:`round_throughput`'s table.
+ROUND_TITLE = "a no-q generator's step rounds: harness vs the same generate() calls unwatched (markov8, top_k=3, one process)"
+
+
 def round_throughput(generator: str, trials: int, blocks: int = 4) -> dict:
     """A no-q generator's step rows (each trial one real ``generate()`` round, :mod:`~lossless_check.modes.loop_round`)
     against :func:`bare_round_loop`, arms interleaved (markov8, ``top_k=3``)."""
@@ -327,8 +331,7 @@ def main() -> None:
     rounds = [round_throughput("PromptLookupCandidateGenerator", 400 if args.quick else 2000)]
     if args.generate_only:
         print_generate_throughput(generate)
-        print_generate_throughput(rounds, "a no-q generator's step rounds: harness vs the same generate() calls unwatched "
-                                          "(markov8, top_k=3, one process)")
+        print_generate_throughput(rounds, ROUND_TITLE)
         print(json.dumps(generate + rounds, indent=2))
         return
     large = [throughput_large(g, name, w, 500 if args.quick else 2000)
@@ -362,8 +365,7 @@ def main() -> None:
     console.print(table)
     print_large_throughput(report["throughput_large"])
     print_generate_throughput(report["generate_throughput"])
-    print_generate_throughput(report["round_throughput"], "a no-q generator's step rounds: harness vs the same "
-                                                          "generate() calls unwatched (markov8, top_k=3, one process)")
+    print_generate_throughput(report["round_throughput"], ROUND_TITLE)
     s = report["scaling"]
     console.print(f"scaling: workers 1 -> 2 speedup {s['speedup']:.2f}x on {s['cores']} cores "
                   f"({s['seconds_1']:.1f}s vs {s['seconds_2']:.1f}s), identical results")
