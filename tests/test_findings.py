@@ -25,7 +25,7 @@ import pytest
 import transformers
 from packaging.version import Version
 
-from fixtures.releases import (CROSS_ATTENTIONS_SPLIT_HEADS, DIFFERENT_TOKENIZERS_CACHE_ROLLBACK_UNITS,
+from fixtures.releases import (CROSS_ATTENTIONS_SPLIT_HEADS, FIRST_ROUND_OUTPUTS_FROM_PROMPT_ROWS, DIFFERENT_TOKENIZERS_CACHE_ROLLBACK_UNITS,
                                DIFFERENT_TOKENIZERS_TARGET_PROCESSORS, LOOP_STOPS_ON_PROMPT_EOS,
                                PROMPT_LOOKUP_CRASHES_WITHOUT_EOS, PROMPT_LOOKUP_OVERSHOOTS, STATIC_CACHE_OVERFLOWS,
                                ENCODER_DECODER_ASSISTANT_REREADS, STATEFUL_ROLLBACK_ONE_STATE_SHORT, STATIC_INDEXER_POSITIONS_KEPT, VERIFIER_ACCEPTS_AT_R_0,
@@ -63,6 +63,9 @@ AFFECTED = {
     # the cross-attentions are narrowed along dimension 1, the heads (5.25.0 lines 4214, 4553/4566); 5.24.0 sliced
     # the queries
     "cross_attentions_split_heads": CROSS_ATTENTIONS_SPLIT_HEADS,
+    # rows 0, 1, ... of the first round's forward, which starts at the prompt (5.25.0 lines 4564/4567, 5.24.0 line
+    # 4531, the same indices back to 4.37)
+    "first_round_outputs_from_prompt_rows": FIRST_ROUND_OUTPUTS_FROM_PROMPT_ROWS,
     # StaticIndexedLayer.crop leaves indexer_position_ids (5.25.0 lines 730-736 vs 382-383); 5.21-5.24 refuse
     # Qwen4-exp, a stateful model class (the script says there is nothing to reproduce)
     "static_indexer_positions_not_cropped": STATIC_INDEXER_POSITIONS_KEPT,
@@ -254,6 +257,19 @@ def test_cross_attentions_split_heads_reproduces(clean_python, tmp_path):
 def test_cross_attentions_split_heads_control(clean_python, tmp_path):
     """The same calls without output_attentions: the tokens are plain decoding's on every release (exit 0)."""
     proc = run_repro(clean_python, "cross_attentions_split_heads", "--no-attentions", tmp_path=tmp_path)
+    check_exit(proc, 0)
+
+
+def test_first_round_outputs_from_prompt_rows_reproduces(clean_python, tmp_path):
+    """Exact to float32 rounding (hidden states and attentions of assisted against plain greedy decoding): a tiny Llama,
+    3-11 s."""
+    proc = run_repro(clean_python, "first_round_outputs_from_prompt_rows", tmp_path=tmp_path)
+    check_exit(proc, 1 if affected("first_round_outputs_from_prompt_rows") else 0)
+
+
+def test_first_round_outputs_from_prompt_rows_control(clean_python, tmp_path):
+    """The same calls, the tokens of the later rounds only: their rows are right on every release (exit 0)."""
+    proc = run_repro(clean_python, "first_round_outputs_from_prompt_rows", "--later-rounds", tmp_path=tmp_path)
     check_exit(proc, 0)
 
 
