@@ -22,14 +22,12 @@ from lossless_check.evidence.results import DEFAULT_MAX_DETECTABLE_TV, Case, Cas
 from lossless_check.faces.case_lists import (  # noqa: F401 (the cases of a run, public here too)
     DEFAULT_SCENARIO, cases_for, greedy_cases, real_world_cases, resolve_scenario, stateful_cases, with_torch_draws,
 )
+from lossless_check.core.options import DEFAULT_ALPHA, DEFAULT_SAMPLES
 from lossless_check.modes import STATISTICAL_MODES, chunked_run, preload, run_case, skip_reason
 from lossless_check.modes.informativeness import attach_plan, evidence_plan
 from lossless_check.running.chunks import CHUNK_TIMEOUT
 from lossless_check.running.engine import make_engine
 
-#: Trials per case: position 1 then detects a TV of about 0.07 at batch 1, 0.097 in a batched case (markov8, alpha 1e-6).
-DEFAULT_SAMPLES = 5_000
-DEFAULT_ALPHA = 1e-6
 
 
 class RunInterrupted(Exception):

@@ -20,14 +20,12 @@ import sys
 
 from lossless_check.core.errors import UsageError
 from lossless_check.core.exit_codes import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NOT_LOSSLESS, EXIT_OK, EXIT_USAGE
-from lossless_check.core.options import positive_int, probability
+from lossless_check.core.options import DEFAULT_ALPHA, DEFAULT_SAMPLES, positive_int, probability
 from lossless_check.faces.coverage_option import add_coverage_dir_option, add_coverage_option
 from lossless_check.faces.gate_command import max_detectable
 from lossless_check.faces.on_release import add_release_option
 from lossless_check.running.ray_backend import check_backend
 
-#: Trials per case: position 1 then detects a TV of about 0.07 at batch 1, 0.097 in a batched case (markov8, alpha 1e-6).
-DEFAULT_SAMPLES = 5_000
 DEFAULT_SCENARIO = "markov8"
 SCENARIO_NAMES = ("markov8", "iid8", "iid32-fast-tokenizers", "iid32-id-ordered-vocab", "bpe-fast-tokenizers",
                   "bpe-id-ordered-vocab", "zipf32k", "markov8-bf16", "zipf32k-bf16", "zipf32k-fp16",
@@ -53,7 +51,7 @@ def _common(parser: argparse.ArgumentParser, samples_help: str) -> None:
                              f"modes); default {DEFAULT_SCENARIO}, and the default and full matrices add "
                              f"their real-world cases (zipf32k under top_p=0.9, iid32-fast-tokenizers)")
     parser.add_argument("--samples", type=positive_int, default=DEFAULT_SAMPLES, help=samples_help)
-    parser.add_argument("--alpha", type=probability, default=1e-6,
+    parser.add_argument("--alpha", type=probability, default=DEFAULT_ALPHA,
                         help="family-wise false-failure rate of the run (default 1e-6)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of every case's random stream; changes the stream and nothing else (default 0)")
@@ -159,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     mutants = sub.add_parser("mutants", help="mutation self-test: every mutant of lossless_check.mutants "
                                             "(exit 1 unless each is judged right)")
     mutants.add_argument("--samples", type=positive_int, default=DEFAULT_SAMPLES, help="most trials per mutant")
-    mutants.add_argument("--alpha", type=probability, default=1e-6)
+    mutants.add_argument("--alpha", type=probability, default=DEFAULT_ALPHA)
     mutants.add_argument("--seed", type=int, default=0)
     mutants.add_argument("--json", metavar="PATH")
     from lossless_check.faces.history_command import add_history_commands

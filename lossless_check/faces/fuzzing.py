@@ -64,6 +64,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+# DEFAULT_SAMPLES trials per statistical example: TV ~0.10 detectable at position 1 (V = 8, alpha ~ 1e-8).
+from lossless_check.core.options import DEFAULT_ALPHA, DEFAULT_SAMPLES
 from lossless_check.faces.fuzz_search import (  # noqa: F401 - alpha_of_*, is_vacuous: the module's API
     COVERING,
     SEARCH,
@@ -83,9 +85,6 @@ from lossless_check.faces.fuzz_search import (  # noqa: F401 - alpha_of_*, is_va
 #: Hypothesis examples per pass, after the covering's 50 stacks (markov8): about 20 distinct stacks (hypothesis
 #: draws some twice; a stack met before is not checked again). Runtime: docs/guides/fuzzing.md.
 DEFAULT_EXAMPLES = 30
-#: Trials per statistical example: TV ~0.10 detectable at position 1 (V = 8, alpha ~ 1e-8).
-DEFAULT_SAMPLES = 5_000
-DEFAULT_ALPHA = 1e-6
 DEFAULT_SCENARIO = "markov8"
 #: Hypothesis's example database of failing stacks, replayed first the next time.
 DEFAULT_DATABASE = ".lossless-fuzz"

@@ -25,10 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lossless_check.core.errors import UsageError
+from lossless_check.core.options import DEFAULT_ALPHA
 from lossless_check.modes.loop_models import ASSISTED
 from lossless_check.modes.models.pair import FAMILIES, TWO_TOKENIZERS, PairRow
 
-DEFAULT_ALPHA = 1e-6
 #: Most sampling generate() calls per row (each stops at its first rejection).
 DEFAULT_SAMPLES = 64
 DEFAULT_MAX_NEW_TOKENS = 32

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lossless_check.core.options import positive_int, probability
+from lossless_check.core.options import DEFAULT_ALPHA, positive_int, probability
 from lossless_check.faces.coverage_option import add_coverage_dir_option, add_coverage_option
 from lossless_check.faces.on_release import add_release_option
 
@@ -26,7 +26,7 @@ def add_models_command(sub) -> None:
     models.add_argument("--samples", type=positive_int, default=64, metavar="N",
                         help="most sampling generate() calls per generator and stack; stops at a rejection "
                              "(default 64)")
-    models.add_argument("--alpha", type=probability, default=1e-6,
+    models.add_argument("--alpha", type=probability, default=DEFAULT_ALPHA,
                         help="family-wise false-failure rate (default 1e-6)")
     models.add_argument("--seed", type=int, default=0)
     models.add_argument("--device", default="cpu", help="torch device of both models (default cpu)")

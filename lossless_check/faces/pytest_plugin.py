@@ -50,14 +50,14 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from lossless_check.core.options import DEFAULT_ALPHA, DEFAULT_SAMPLES  # noqa: F401 - the plugin's defaults
+
 if TYPE_CHECKING:
     from lossless_check.evidence.results import CaseResult
 
 #: ``sum_{k>=1} SPENDING / k**2 == 1``.
 SPENDING = 6 / math.pi**2
 
-DEFAULT_ALPHA = 1e-6
-DEFAULT_SAMPLES = 5000
 DEFAULT_SEED = 0
 DEFAULT_SCENARIO = "iid8"
 #: Keyword arguments ``@pytest.mark.lossless(...)`` takes: the test's defaults for its checks' arguments.
