@@ -119,12 +119,12 @@ FIXES = {
         "the fixed-logits encoder-decoder stubs neither read positions nor draft differently from a re-read cache; "
         "`lossless-check models` on a Bart pair meets the 5.25.0 failure (tests/test_models_seq2seq.py)")),
     # Exact (shapes of what generate() returns): unpatched 5.25.0's options row is not lossless at its first call.
-    # Exact in the repro only: options mode compares hidden states and attentions by count and shape.
-    "first_round_outputs_from_prompt_rows": Fix((), None, release="5.25.0", harness_blind=(
-        "options mode compares hidden states and attentions with plain decoding's by count and shape, not value")),
     "cross_attentions_split_heads": Fix((), dict(
         generator="AssistedCandidateGenerator", warpers="none", mode="options", scenario="markov8-seq2seq"),
         release="5.25.0"),
+    # Exact in the repro only: options mode compares hidden states and attentions by count and shape.
+    "first_round_outputs_from_prompt_rows": Fix((), None, release="5.25.0", harness_blind=(
+        "options mode compares hidden states and attentions with plain decoding's by count and shape, not value")),
 }
 
 

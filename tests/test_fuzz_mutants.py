@@ -78,6 +78,7 @@ def test_the_statistical_kind_is_found_by_the_covering_from_every_seed(seed):
 @pytest.mark.slow
 @needs(DFLASH)
 def test_a_whole_search_finds_the_statistical_kind_and_shrinks_it_to_its_trigger():
+    """``fuzz`` as a user runs it (exact pass, then statistical): not lossless, shrunk to the trigger's stack."""
     name = f"fixtures.mutants.three_option:{STATISTICAL_KIND}"
     result = fuzzing.fuzz(name, database=None)
     assert result.verdict == "not_lossless" and "--mode step" in result.reproduce, result.summary()

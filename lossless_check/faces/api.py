@@ -18,16 +18,15 @@ from dataclasses import replace
 from typing import Callable, Iterable
 
 from lossless_check.core.errors import UsageError
+from lossless_check.core.options import DEFAULT_ALPHA, DEFAULT_SAMPLES
 from lossless_check.evidence.results import DEFAULT_MAX_DETECTABLE_TV, Case, CaseResult, RunResult, decide
 from lossless_check.faces.case_lists import (  # noqa: F401 (the cases of a run, public here too)
     DEFAULT_SCENARIO, cases_for, greedy_cases, real_world_cases, resolve_scenario, stateful_cases, with_torch_draws,
 )
-from lossless_check.core.options import DEFAULT_ALPHA, DEFAULT_SAMPLES
 from lossless_check.modes import STATISTICAL_MODES, chunked_run, preload, run_case, skip_reason
 from lossless_check.modes.informativeness import attach_plan, evidence_plan
 from lossless_check.running.chunks import CHUNK_TIMEOUT
 from lossless_check.running.engine import make_engine
-
 
 
 class RunInterrupted(Exception):
